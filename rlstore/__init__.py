@@ -1,0 +1,37 @@
+"""rlstore: a reference RL trainer built around correct, fast, resumable storage.
+
+    from rlstore import RolloutStorage, train_ppo, PPOConfig
+
+Heavy modules (torch, gymnasium) load on first use, so `rlstore --help` starts quickly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "RolloutStorage": "rlstore.storage.rollout",
+    "RolloutBatch": "rlstore.storage.rollout",
+    "compute_gae": "rlstore.storage.rollout",
+    "ActorCritic": "rlstore.networks",
+    "make_vec_env": "rlstore.envs",
+    "EpisodeStats": "rlstore.envs",
+    "PPOConfig": "rlstore.config",
+    "A2CConfig": "rlstore.config",
+    "UsageError": "rlstore.config",
+    "train_ppo": ("rlstore.algos.ppo", "train"),
+    "train_a2c": ("rlstore.algos.a2c", "train"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'rlstore' has no attribute '{name}'")
+    module, attr = target if isinstance(target, tuple) else (target, name)
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,5 @@
+import sys
+
+from rlstore.cli import main
+
+sys.exit(main())

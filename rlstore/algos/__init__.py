@@ -1,0 +1,1 @@
+"""One file per algorithm, each readable top to bottom: config, build, loop."""

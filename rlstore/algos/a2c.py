@@ -1,0 +1,82 @@
+"""A2C (Mnih et al. 2016, synchronous): one gradient step per short rollout.
+
+Reads top to bottom: the loss as a pure function, then train(): build, and the loop of
+collect -> compute returns -> one update -> log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlstore.algos.common import OnPolicySetup, explained_variance, linear_schedule
+from rlstore.config import A2CConfig
+from rlstore.run import Run, TrainResult, prepare
+
+
+def a2c_loss(
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    cfg: A2CConfig,
+) -> dict[str, torch.Tensor]:
+    """Policy gradient -A * log pi, value MSE (as in OpenAI baselines and SB3), entropy bonus."""
+    if cfg.norm_adv and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = -(advantages * log_prob).mean()
+    value_loss = (returns - value).square().mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
+    return {
+        "loss": loss,
+        "losses/policy_loss": policy_loss.detach(),
+        "losses/value_loss": value_loss.detach(),
+        "losses/entropy": entropy_mean.detach(),
+    }
+
+
+def train(cfg: A2CConfig, preset: Path | None = None) -> TrainResult:
+    """Train A2C as configured; returns the run's result (run dir, episode returns, model)."""
+    # -- build ---------------------------------------------------------------------------
+    device = prepare(cfg)
+    setup = OnPolicySetup(cfg, device)
+    run = Run(cfg, "a2c", device, preset)
+    agent, storage = setup.agent, setup.storage
+    optimizer = torch.optim.RMSprop(
+        agent.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps
+    )
+
+    try:
+        for iteration in range(cfg.num_iterations):
+            lr = cfg.learning_rate
+            if cfg.anneal_lr:
+                lr = linear_schedule(cfg.learning_rate, 0.0, cfg.num_iterations, iteration)
+                optimizer.param_groups[0]["lr"] = lr
+
+            # -- collect and compute returns ----------------------------------------------
+            setup.collect_rollout(run)
+            setup.compute_returns(cfg.gamma, cfg.gae_lambda, cfg.use_gae)
+
+            # -- update: one gradient step on the whole rollout ----------------------------
+            data = storage.flatten()
+            log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"])
+            losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
+            optimizer.zero_grad(set_to_none=True)
+            losses.pop("loss").backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+
+            # -- log -----------------------------------------------------------------------
+            losses["losses/explained_variance"] = explained_variance(
+                data["values"], data["returns"]
+            )
+            losses["charts/learning_rate"] = lr
+            run.log_scalars(losses)
+            storage.after_update()
+    finally:
+        setup.envs.close()
+    return run.finish(agent)

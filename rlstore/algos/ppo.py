@@ -1,0 +1,114 @@
+"""PPO (Schulman et al. 2017), clipped surrogate objective with GAE.
+
+Reads top to bottom: the loss as a pure function, then train(): build, and the loop of
+collect -> compute returns -> minibatch updates -> log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlstore.algos.common import OnPolicySetup, explained_variance, linear_schedule
+from rlstore.config import PPOConfig
+from rlstore.run import Run, TrainResult, prepare
+
+
+def ppo_loss(
+    new_log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    new_value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    cfg: PPOConfig,
+) -> dict[str, torch.Tensor]:
+    """The PPO loss and its diagnostics for one minibatch.
+
+    policy: mean of max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c));
+    value:  0.5 * mean of max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2) when clipped.
+    """
+    log_ratio = new_log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    if cfg.norm_adv and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    clipped_ratio = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+    policy_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    value_error = (new_value - returns).square()
+    if cfg.clip_vloss:
+        clipped_value = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
+        value_error = torch.max(value_error, (clipped_value - returns).square())
+    value_loss = 0.5 * value_error.mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
+    with torch.no_grad():
+        diagnostics = {
+            "losses/old_approx_kl": (-log_ratio).mean(),
+            "losses/approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "losses/clipfrac": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
+        }
+    return {
+        "loss": loss,
+        "losses/policy_loss": policy_loss.detach(),
+        "losses/value_loss": value_loss.detach(),
+        "losses/entropy": entropy_mean.detach(),
+        **diagnostics,
+    }
+
+
+def train(cfg: PPOConfig, preset: Path | None = None) -> TrainResult:
+    """Train PPO as configured; returns the run's result (run dir, episode returns, model)."""
+    # -- build ---------------------------------------------------------------------------
+    device = prepare(cfg)
+    setup = OnPolicySetup(cfg, device)
+    run = Run(cfg, "ppo", device, preset)
+    agent, storage = setup.agent, setup.storage
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+
+    try:
+        for iteration in range(cfg.num_iterations):
+            lr = cfg.learning_rate
+            if cfg.anneal_lr:
+                lr = linear_schedule(cfg.learning_rate, 0.0, cfg.num_iterations, iteration)
+                optimizer.param_groups[0]["lr"] = lr
+
+            # -- collect and compute returns ----------------------------------------------
+            setup.collect_rollout(run)
+            setup.compute_returns(cfg.gamma, cfg.gae_lambda, cfg.use_gae)
+
+            # -- update: epochs of minibatches ------------------------------------------
+            for _epoch in range(cfg.update_epochs):
+                for batch in storage.minibatches(cfg.num_minibatches):
+                    new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
+                    losses = ppo_loss(
+                        new_log_prob,
+                        batch.log_probs,
+                        batch.advantages,
+                        new_value,
+                        batch.values,
+                        batch.returns,
+                        entropy,
+                        cfg,
+                    )
+                    optimizer.zero_grad(set_to_none=True)
+                    losses["loss"].backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
+                    break
+
+            # -- log -----------------------------------------------------------------------
+            data = storage.flatten()
+            losses.pop("loss")
+            losses["losses/explained_variance"] = explained_variance(
+                data["values"], data["returns"]
+            )
+            losses["charts/learning_rate"] = lr
+            run.log_scalars(losses)
+            storage.after_update()
+    finally:
+        setup.envs.close()
+    return run.finish(agent)

@@ -1,0 +1,117 @@
+"""Vector environments and the autoreset contract (DESIGN.md section 3).
+
+rlstore uses Gymnasium's NEXT_STEP autoreset mode (the default, and the only mode the
+native vectorized envs such as CartPoleVectorEnv implement). Its consequences:
+
+- the observation returned with a done step IS the final observation of the episode, so a
+  truncated step bootstraps from V(next observation) with no special casing;
+- the step after a done is a pseudo-step (action ignored, reward 0, reset observation):
+  RolloutStorage marks it invalid and it never becomes a transition, and EpisodeStats does
+  not count it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from rlstore.config import UsageError
+
+
+def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The env's spec, or a UsageError that suggests close matches."""
+    if ":" in env_id:  # "module:EnvId" registers its envs on import, as gym.make does
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise UsageError(
+                f"cannot import module '{module}' named in the env id; install it first"
+            ) from None
+    if env_id in gym.registry:
+        return gym.spec(env_id)
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry()"
+    raise UsageError(f"unknown env id '{env_id}'{hint}")
+
+
+def make_vec_env(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    vectorization: str = "auto",
+    max_episode_steps: int | None = None,
+) -> gym.vector.VectorEnv:
+    """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env.
+
+    vectorization: "auto" takes the env's own vectorized implementation
+    (`vector_entry_point`) when it has one and "sync" otherwise; "native", "sync" and
+    "async" force a mode. The action space is seeded here; the envs are seeded by the
+    first `reset(seed=seed)`, which the caller does.
+    """
+    spec = check_env_id(env_id)
+    if vectorization == "auto":
+        mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
+    elif vectorization == "native":
+        if spec.vector_entry_point is None:
+            raise UsageError(
+                f"{env_id} has no native vectorized implementation; "
+                "use --vectorization sync or async"
+            )
+        mode = "vector_entry_point"
+    else:
+        mode = vectorization
+    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+    mode_of_envs = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    assert mode_of_envs == AutoresetMode.NEXT_STEP, (
+        f"rlstore needs NEXT_STEP autoreset, {env_id} uses {mode_of_envs}"
+    )
+    envs.action_space.seed(seed)
+    envs.single_action_space.seed(seed)
+    return envs
+
+
+class EpisodeStats:
+    """Returns and lengths of finished episodes, on the raw env rewards.
+
+    Call `update` after every vector step with that step's rewards and flags. Pseudo-steps
+    (the step after a done) add neither reward nor length.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.prev_done = np.zeros(num_envs, dtype=bool)
+
+    def update(
+        self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Record one step; return (returns, lengths) of the episodes that ended at it."""
+        live = ~self.prev_done
+        self.returns += np.where(live, rewards, 0.0)
+        self.lengths += live
+        done = terminated | truncated
+        self.prev_done = done
+        if not done.any():
+            return _EMPTY_F, _EMPTY_I
+        finished = self.returns[done].copy(), self.lengths[done].copy()
+        self.returns[done] = 0.0
+        self.lengths[done] = 0
+        return finished
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"returns": self.returns, "lengths": self.lengths, "prev_done": self.prev_done}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.returns = np.array(state["returns"], dtype=np.float64)
+        self.lengths = np.array(state["lengths"], dtype=np.int64)
+        self.prev_done = np.array(state["prev_done"], dtype=bool)
+
+
+_EMPTY_F = np.zeros(0, dtype=np.float64)
+_EMPTY_I = np.zeros(0, dtype=np.int64)

@@ -1,0 +1,111 @@
+"""Networks: the actor-critic of PPO and A2C. They know nothing about storage or envs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    """Orthogonal weights with gain `std` and a constant bias (the PPO implementation detail)."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+    """Tanh MLP with orthogonal init; the output layer's gain is `out_std`."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [layer_init(nn.Linear(in_dim, width)), nn.Tanh()]
+        in_dim = width
+    layers.append(layer_init(nn.Linear(in_dim, out_dim), std=out_std))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs for vector observations.
+
+    Discrete actions: a Categorical head over `action_dim` logits. Continuous actions: a
+    Gaussian head with a state-independent log-std; samples are returned unclipped (the
+    caller clips what it sends to the env, never what it stores).
+    Sampling and log-probabilities use direct formulas instead of torch.distributions,
+    which costs several times more per call than the arithmetic.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        continuous: bool = False,
+        hidden: tuple[int, ...] = (64, 64),
+    ) -> None:
+        super().__init__()
+        self.continuous = continuous
+        self.critic = mlp(obs_dim, hidden, 1, out_std=1.0)
+        self.actor = mlp(obs_dim, hidden, action_dim, out_std=0.01)
+        if continuous:
+            self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+
+    @staticmethod
+    def _features(obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], -1).float()
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(obs), shape (batch,)."""
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions; returns (action, log_prob, value)."""
+        x = self._features(obs)
+        out = self.actor(x)
+        if self.continuous:
+            std = self.actor_logstd.exp()
+            noise = torch.randn_like(out)
+            action = out + std * noise
+            log_prob = (-0.5 * noise.square() - self.actor_logstd - LOG_SQRT_2PI).sum(-1)
+        else:
+            log_probs = out.log_softmax(-1)
+            action = torch.multinomial(log_probs.exp(), 1)
+            log_prob = log_probs.gather(-1, action).squeeze(-1)
+            action = action.squeeze(-1)
+        return action, log_prob, self.critic(x).squeeze(-1)
+
+    def evaluate(
+        self, obs: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_prob of `action`, entropy, value) under the current parameters."""
+        x = self._features(obs)
+        out = self.actor(x)
+        if self.continuous:
+            logstd = self.actor_logstd.expand_as(out)
+            z = (action - out) / logstd.exp()
+            log_prob = (-0.5 * z.square() - logstd - LOG_SQRT_2PI).sum(-1)
+            entropy = (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
+        else:
+            log_probs = out.log_softmax(-1)
+            log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_prob, entropy, self.critic(x).squeeze(-1)
+
+    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode of the policy: argmax logits, or the Gaussian mean."""
+        out = self.actor(self._features(obs))
+        return out if self.continuous else out.argmax(-1)
+
+
+def actor_critic_for(obs_space, action_space) -> ActorCritic:  # gymnasium spaces
+    """An ActorCritic shaped for a single env's observation and action spaces."""
+    from gymnasium import spaces
+
+    obs_dim = int(np.prod(obs_space.shape))
+    if isinstance(action_space, spaces.Discrete):
+        return ActorCritic(obs_dim, int(action_space.n))
+    if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
+        return ActorCritic(obs_dim, action_space.shape[0], continuous=True)
+    raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")

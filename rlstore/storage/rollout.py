@@ -1,0 +1,305 @@
+"""RolloutStorage: the on-policy buffer of PPO and A2C, correct at episode boundaries.
+
+Layout: preallocated tensors of shape (num_steps, num_envs, ...) on one device, written in
+place; `obs` has one extra row so that obs[t + 1] is the observation after step t.
+
+Episode boundaries (DESIGN.md section 3) under Gymnasium's NEXT_STEP autoreset:
+- the observation returned with a done step is the episode's final observation, so the
+  bootstrap value of step t is V'_t = V(obs[t + 1]) = values[t + 1] in every case;
+- terminated and truncated are stored apart: a termination bootstraps with 0, a
+  truncation from V(final observation);
+- the step after a done is a pseudo-step; `insert` marks it invalid, and it is never
+  handed out by `minibatches` or `flatten`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+Array = torch.Tensor | np.ndarray
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> torch.Tensor:
+    """Generalized advantage estimates over a (T, N) rollout, terminated/truncated kept apart.
+
+        delta_t = r_t + gamma * (1 - terminated_t) * V'_t - V_t
+        A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1},   A_T = 0
+
+    `next_values[t]` is V'_t: V of the next observation, which is the final observation
+    when the episode was truncated at t. Returns A; the returns are A + V.
+    """
+    not_terminated = 1.0 - terminated.to(values.dtype)
+    not_done = 1.0 - (terminated | truncated).to(values.dtype)
+    deltas = rewards + gamma * not_terminated * next_values - values
+    carry = gamma * gae_lambda * not_done
+    advantages = torch.empty_like(values)
+    last = torch.zeros_like(values[0])
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        advantages[t] = last
+    return advantages
+
+
+class RolloutBatch(NamedTuple):
+    """A flat minibatch: one row per valid transition."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+class RolloutStorage:
+    """Fixed-size on-policy storage for `num_steps` vector steps of `num_envs` envs.
+
+    Typical loop (see rlstore/algos/ppo.py)::
+
+        storage.reset(first_obs)
+        for step in range(num_steps):
+            action, log_prob, value = policy(storage.current_obs)
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            storage.insert(next_obs, action, log_prob, value, reward, terminated, truncated)
+        storage.compute_returns(policy_value(storage.current_obs), gamma=0.99, gae_lambda=0.95)
+        for epoch in range(epochs):
+            for batch in storage.minibatches(4):
+                ...
+        storage.after_update()
+    """
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        action_shape: tuple[int, ...] = (),
+        obs_dtype: torch.dtype | np.dtype | type = torch.float32,
+        action_dtype: torch.dtype | np.dtype | type = torch.int64,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_steps < 1 or num_envs < 1:
+            raise ValueError(f"num_steps and num_envs must be >= 1, got {num_steps}, {num_envs}")
+        self.num_steps, self.num_envs = num_steps, num_envs
+        self.obs_shape, self.action_shape = tuple(obs_shape), tuple(action_shape)
+        self.device = torch.device(device)
+        T, N, dev = num_steps, num_envs, self.device
+        self.obs = torch.zeros(
+            (T + 1, N, *self.obs_shape), dtype=_torch_dtype(obs_dtype), device=dev
+        )
+        self.actions = torch.zeros(
+            (T, N, *self.action_shape), dtype=_torch_dtype(action_dtype), device=dev
+        )
+        self.log_probs = torch.zeros((T, N), device=dev)
+        self.values = torch.zeros((T, N), device=dev)
+        self.rewards = torch.zeros((T, N), device=dev)
+        self.terminated = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.truncated = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.valid = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.advantages = torch.zeros((T, N), device=dev)
+        self.returns = torch.zeros((T, N), device=dev)
+        # Whether the last inserted step ended an episode: the next step is then a pseudo-step.
+        self.prev_done = torch.zeros(N, dtype=torch.bool, device=dev)
+        self.step = 0
+        self._returns_ready = False
+
+    # -- writing ----------------------------------------------------------------------------
+
+    @property
+    def current_obs(self) -> torch.Tensor:
+        """The observation the next action is taken at (a view into the storage)."""
+        return self.obs[self.step]
+
+    def reset(self, obs: Array | None = None) -> None:
+        """Forget the rollout and any episode in progress; optionally set the first observation."""
+        self.step = 0
+        self.prev_done.zero_()
+        self.valid.zero_()
+        self._returns_ready = False
+        if obs is not None:
+            self.obs[0].copy_(self._checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
+
+    def insert(
+        self,
+        next_obs: Array,
+        action: Array,
+        log_prob: Array,
+        value: Array,
+        reward: Array,
+        terminated: Array,
+        truncated: Array,
+    ) -> None:
+        """Record one vector step taken at `current_obs`; `next_obs` is what the env returned."""
+        t = self.step
+        if t >= self.num_steps:
+            raise IndexError(
+                f"RolloutStorage is full ({self.num_steps} steps); call after_update() "
+                "before inserting the next rollout"
+            )
+        N = self.num_envs
+        self.obs[t + 1].copy_(
+            self._checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)
+        )
+        self.actions[t].copy_(
+            self._checked(action, "action", self.actions.shape[1:], self.actions.dtype)
+        )
+        self.log_probs[t].copy_(self._checked(log_prob, "log_prob", (N,), torch.float32))
+        self.values[t].copy_(self._checked(value, "value", (N,), torch.float32))
+        self.rewards[t].copy_(self._checked(reward, "reward", (N,), torch.float32))
+        term = self._checked(terminated, "terminated", (N,), torch.bool)
+        trunc = self._checked(truncated, "truncated", (N,), torch.bool)
+        self.terminated[t].copy_(term)
+        self.truncated[t].copy_(trunc)
+        torch.logical_not(self.prev_done, out=self.valid[t])
+        torch.logical_or(self.terminated[t], self.truncated[t], out=self.prev_done)
+        self.step = t + 1
+        self._returns_ready = False
+
+    def _checked(
+        self, x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """x as a tensor after checking its shape and that its dtype fits `dtype` losslessly."""
+        x = torch.as_tensor(x)
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+        if x.dtype != dtype and not _fits(x.dtype, dtype):
+            raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
+        return x
+
+    # -- returns ----------------------------------------------------------------------------
+
+    def compute_returns(
+        self, next_value: Array, gamma: float, gae_lambda: float, use_gae: bool = True
+    ) -> None:
+        """Fill `advantages` and `returns`; `next_value` is V(current_obs) after the last step.
+
+        With use_gae=False the returns are discounted reward sums bootstrapped at the
+        rollout end and at truncations (GAE with lambda = 1), and advantages = returns - V.
+        """
+        if self.step != self.num_steps:
+            raise RuntimeError(
+                f"compute_returns needs a full rollout; {self.step}/{self.num_steps} steps inserted"
+            )
+        next_value = self._checked(next_value, "next_value", (self.num_envs,), torch.float32)
+        next_values = torch.cat((self.values[1:], next_value.to(self.device, torch.float32)[None]))
+        lam = gae_lambda if use_gae else 1.0
+        self.advantages = compute_gae(
+            self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
+        )
+        self.returns = self.advantages + self.values
+        self._returns_ready = True
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def flatten(self) -> dict[str, torch.Tensor]:
+        """The valid transitions of the rollout as flat tensors (pseudo-steps left out)."""
+        keep = self.valid[: self.step].reshape(-1)
+        fields = {
+            "obs": self.obs[: self.step],
+            "actions": self.actions[: self.step],
+            "log_probs": self.log_probs[: self.step],
+            "values": self.values[: self.step],
+            "rewards": self.rewards[: self.step],
+            "terminated": self.terminated[: self.step],
+            "truncated": self.truncated[: self.step],
+        }
+        if self._returns_ready:
+            fields["advantages"] = self.advantages
+            fields["returns"] = self.returns
+        return {k: v.reshape(-1, *v.shape[2:])[keep] for k, v in fields.items()}
+
+    def minibatches(
+        self, num_minibatches: int, generator: torch.Generator | None = None
+    ) -> Iterator[RolloutBatch]:
+        """One epoch: every valid transition exactly once, in a fresh random order."""
+        if not self._returns_ready:
+            raise RuntimeError("call compute_returns() before minibatches()")
+        T = self.num_steps
+        valid_index = self.valid.reshape(-1).nonzero().squeeze(1)
+        if num_minibatches < 1 or num_minibatches > max(len(valid_index), 1):
+            raise ValueError(
+                f"num_minibatches must lie in [1, {len(valid_index)}], got {num_minibatches}"
+            )
+        perm_device = self.device if generator is None else generator.device
+        order = torch.randperm(len(valid_index), generator=generator, device=perm_device)
+        order = valid_index[order.to(self.device)]
+        flat = (
+            self.obs[:T].reshape(-1, *self.obs_shape),
+            self.actions.reshape(-1, *self.action_shape),
+            self.log_probs.reshape(-1),
+            self.values.reshape(-1),
+            self.advantages.reshape(-1),
+            self.returns.reshape(-1),
+        )
+        for index in order.tensor_split(num_minibatches):
+            yield RolloutBatch(*(x[index] for x in flat))
+
+    def after_update(self) -> None:
+        """Start the next rollout from the last observation; episodes in progress carry on."""
+        self.obs[0].copy_(self.obs[self.step])
+        self.step = 0
+        self._returns_ready = False
+
+    # -- persistence ------------------------------------------------------------------------
+
+    _TENSORS = (
+        "obs",
+        "actions",
+        "log_probs",
+        "values",
+        "rewards",
+        "terminated",
+        "truncated",
+        "valid",
+        "advantages",
+        "returns",
+        "prev_done",
+    )
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {name: getattr(self, name).clone() for name in self._TENSORS}
+        state["step"] = self.step
+        state["returns_ready"] = self._returns_ready
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self._TENSORS:
+            mine, theirs = getattr(self, name), state[name]
+            if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
+                raise ValueError(
+                    f"state '{name}' is {tuple(theirs.shape)} {theirs.dtype}, "
+                    f"this storage holds {tuple(mine.shape)} {mine.dtype}"
+                )
+        for name in self._TENSORS:
+            getattr(self, name).copy_(state[name])
+        self.step = int(state["step"])
+        self._returns_ready = bool(state["returns_ready"])
+
+
+def _torch_dtype(dtype: torch.dtype | np.dtype | type) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+
+
+def _fits(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether values of dtype src go into storage of dtype dst without changing meaning."""
+    if dst == torch.bool:
+        return src == torch.bool
+    if dst.is_floating_point:
+        # float64 env rewards and integer rewards are fine as float32.
+        return src != torch.bool and not src.is_complex
+    # Integer storage (discrete actions, uint8 images): integers only.
+    return not src.is_floating_point and src != torch.bool and not src.is_complex

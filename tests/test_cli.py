@@ -1,0 +1,121 @@
+"""The command line: smoke runs, TensorBoard scalars, presets and their precedence."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rlstore import config
+from rlstore.cli import main, parse_train
+
+TINY = ["--total-timesteps", "1024", "--no-progress"]
+
+
+def only_run_dir(logdir) -> Path:
+    dirs = list(Path(logdir).iterdir())
+    assert len(dirs) == 1
+    return dirs[0]
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c"])
+def test_train_smoke_writes_config_and_named_scalars(algo, logdir, capsys):
+    assert main(["train", algo, "--env", "CartPole-v1", "--logdir", logdir, *TINY]) == 0
+    run_dir = only_run_dir(logdir)
+    assert run_dir.name.startswith(f"CartPole-v1__{algo}__1__")
+    record = json.loads((run_dir / "config.json").read_text())
+    assert record["algo"] == algo and record["total_timesteps"] == 1024
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/value_loss",
+        "losses/policy_loss",
+        "losses/entropy",
+        "losses/explained_variance",
+    }
+    if algo == "ppo":
+        expected |= {"losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"}
+    assert expected <= tags
+    steps = [e.step for e in events.Scalars("charts/SPS")]
+    assert steps == sorted(steps) and steps[-1] == 1024 - 1024 % (4 * (128 if algo == "ppo" else 5))
+    assert "hyperparameters" in "".join(events.Tags()["tensors"])
+    out = capsys.readouterr().out
+    assert f"{algo} CartPole-v1: " in out and "steps/s" in out  # the one-line summary
+
+
+def test_module_entry_point_and_env_id_alias(logdir):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlstore",
+            "train",
+            "ppo",
+            "--env-id",
+            "Acrobot-v1",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "64",
+            "--logdir",
+            logdir,
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert only_run_dir(logdir).name.startswith("Acrobot-v1__ppo__")
+
+
+def test_help_lists_every_hyperparameter_with_its_docstring(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_train(["ppo", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag, doc in [
+        ("--env-id", "Gymnasium environment id"),
+        ("--clip-coef", "clipping"),
+        ("--target-kl", "approximate KL"),
+        ("--device", "auto"),
+    ]:
+        assert flag in text and doc in text
+    assert main(["--help"]) == 0
+
+
+def test_precedence_defaults_preset_config_flags(tmp_path, monkeypatch):
+    presets = tmp_path / "configs"
+    (presets / "ppo").mkdir(parents=True)
+    (presets / "ppo" / "Acrobot-v1.toml").write_text(
+        "num_envs = 8\nlearning_rate = 1e-3\nseed = 5\n"
+    )
+    monkeypatch.setattr(config, "PRESET_DIR", presets)
+    user = tmp_path / "mine.toml"
+    user.write_text("learning_rate = 3e-4\nnum_steps = 64\nseed = 6\n")
+
+    _, cfg, preset = parse_train(["ppo"])
+    assert preset is None and cfg.num_envs == 4  # no preset for CartPole-v1 here
+    _, cfg, preset = parse_train(["ppo", "--env", "Acrobot-v1"])
+    assert preset == presets / "ppo" / "Acrobot-v1.toml"
+    assert (cfg.num_envs, cfg.learning_rate, cfg.seed) == (8, 1e-3, 5)  # preset over defaults
+    _, cfg, _ = parse_train(["ppo", "--env", "Acrobot-v1", "--config", str(user)])
+    assert (cfg.num_envs, cfg.learning_rate, cfg.num_steps, cfg.seed) == (8, 3e-4, 64, 6)
+    _, cfg, _ = parse_train(["ppo", "--env=Acrobot-v1", f"--config={user}", "--seed", "9"])
+    assert (cfg.learning_rate, cfg.seed) == (3e-4, 9)  # flags over everything
+
+
+def test_shipped_presets_are_valid():
+    for path in config.PRESET_DIR.glob("*/*.toml"):
+        algo = path.parent.name
+        cfg = config.apply_overrides(
+            config.CONFIG_CLASSES[algo](), config.read_config(path, "preset"), str(path)
+        )
+        config.validate(cfg)

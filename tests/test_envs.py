@@ -1,0 +1,129 @@
+"""The autoreset contract of DESIGN.md section 3 on real CartPole envs with a 5-step limit."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+
+from rlstore.envs import EpisodeStats, make_vec_env
+from rlstore.storage import RolloutStorage
+
+LIMIT = 5
+
+
+@pytest.mark.parametrize("vectorization", ["native", "sync"])
+def test_native_or_sync_mode_is_next_step(vectorization):
+    envs = make_vec_env("CartPole-v1", 3, seed=0, vectorization=vectorization)
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    expected = "CartPoleVectorEnv" if vectorization == "native" else "SyncVectorEnv"
+    assert type(envs).__name__ == expected
+    envs.close()
+
+
+def test_auto_prefers_native_vectorization():
+    envs = make_vec_env("CartPole-v1", 2, seed=0)
+    assert type(envs).__name__ == "CartPoleVectorEnv"
+    envs.close()
+    envs = make_vec_env("Acrobot-v1", 2, seed=0)  # no vector_entry_point
+    assert isinstance(envs, gym.vector.SyncVectorEnv)
+    envs.close()
+
+
+def balanced_actions(obs):
+    """Push against the pole so that episodes last to the time limit (no termination)."""
+    return (obs[:, 2] > 0).astype(np.int64)
+
+
+@pytest.mark.parametrize("vectorization", ["native", "sync"])
+def test_time_limit_truncates_and_pseudo_step_follows(vectorization):
+    envs = make_vec_env(
+        "CartPole-v1", 2, seed=3, vectorization=vectorization, max_episode_steps=LIMIT
+    )
+    obs, _ = envs.reset(seed=3)
+    history = []
+    for _ in range(3 * (LIMIT + 1)):
+        next_obs, reward, term, trunc, _ = envs.step(balanced_actions(obs))
+        history.append((obs, next_obs, reward, term, trunc))
+        obs = next_obs
+    envs.close()
+    # Every (LIMIT + 1)th step is a pseudo-step: reward 0, no flags, a fresh reset obs.
+    for t, (_, next_obs, reward, term, trunc) in enumerate(history):
+        if t % (LIMIT + 1) == LIMIT - 1:  # the 5th real step of an episode: truncated
+            assert trunc.all() and not term.any()
+            assert reward.tolist() == [1.0, 1.0]
+        elif t % (LIMIT + 1) == LIMIT:  # the pseudo-step
+            assert not trunc.any() and not term.any()
+            assert reward.tolist() == [0.0, 0.0]
+            assert np.all(np.abs(next_obs) <= 0.05)  # reset observations lie in [-0.05, 0.05]
+        else:
+            assert not trunc.any() and not term.any()
+
+
+def test_final_observation_is_the_next_obs_of_the_truncated_step():
+    """Replaying the same seed and actions in one plain env: the obs returned with the
+    truncation is the episode's true last observation (what bootstrapping must use)."""
+    envs = make_vec_env("CartPole-v1", 1, seed=5, vectorization="sync", max_episode_steps=LIMIT)
+    single = gym.make("CartPole-v1", max_episode_steps=LIMIT)
+    obs, _ = envs.reset(seed=5)
+    single_obs, _ = single.reset(seed=5)  # sub-env i of a vector env is seeded with seed + i
+    np.testing.assert_array_equal(obs[0], single_obs)
+    for _ in range(LIMIT):
+        action = balanced_actions(obs)
+        obs, _, _, trunc, _ = envs.step(action)
+        single_obs, _, _, single_trunc, _ = single.step(int(action[0]))
+    assert trunc[0] and single_trunc
+    np.testing.assert_array_equal(obs[0], single_obs)
+    envs.close()
+
+
+def test_storage_and_stats_skip_pseudo_steps_and_bootstrap_from_final_obs():
+    num_envs, T = 2, 2 * (LIMIT + 1)
+    envs = make_vec_env("CartPole-v1", num_envs, seed=1, max_episode_steps=LIMIT)
+    storage = RolloutStorage(T, num_envs, obs_shape=(4,))
+    stats = EpisodeStats(num_envs)
+    obs, _ = envs.reset(seed=1)
+    storage.reset(obs)
+    value_of = lambda o: torch.as_tensor(o).sum(-1)  # noqa: E731  a fake critic
+    finished = []
+    for _ in range(T):
+        current = storage.current_obs.numpy()
+        next_obs, reward, term, trunc, _ = envs.step(balanced_actions(current))
+        storage.insert(
+            next_obs,
+            torch.as_tensor(balanced_actions(current)),
+            torch.zeros(num_envs),
+            value_of(current),
+            reward,
+            term,
+            trunc,
+        )
+        finished += stats.update(reward, term, trunc)[1].tolist()
+    envs.close()
+    # Pseudo-steps (after each truncation) are invalid and left out of the flat rollout.
+    valid = storage.valid[:, 0].tolist()
+    assert valid == [True] * LIMIT + [False] + [True] * LIMIT + [False]
+    assert len(storage.flatten()["obs"]) == 2 * LIMIT * num_envs
+    # Each episode lasted exactly LIMIT real steps: the pseudo-step is not counted.
+    assert finished == [LIMIT] * 2 * num_envs
+    # The bootstrap of the truncated step is the value of its final observation.
+    storage.compute_returns(value_of(storage.current_obs.numpy()), gamma=0.9, gae_lambda=0.0)
+    t = LIMIT - 1
+    final_obs = storage.obs[t + 1]
+    expected = storage.rewards[t] + 0.9 * value_of(final_obs)
+    torch.testing.assert_close(storage.returns[t], expected)
+
+
+def test_episode_stats_hand_computed():
+    stats = EpisodeStats(2)
+    r = np.array([1.0, 2.0])
+    no, yes = np.array([False, False]), np.array([True, False])
+    assert stats.update(r, no, no)[0].size == 0
+    returns, lengths = stats.update(r, yes, no)  # env 0 terminates after 2 steps
+    assert returns.tolist() == [2.0] and lengths.tolist() == [2]
+    stats.update(np.array([0.0, 2.0]), no, no)  # env 0 pseudo-step: not counted
+    returns, lengths = stats.update(r, no, np.array([False, True]))  # env 1 truncated
+    assert returns.tolist() == [8.0] and lengths.tolist() == [4]
+    returns, _ = stats.update(r, no, no)  # env 1 pseudo-step, env 0 goes on
+    assert returns.size == 0
+    assert stats.returns.tolist() == [2.0, 0.0] and stats.lengths.tolist() == [2, 0]

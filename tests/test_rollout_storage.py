@@ -1,0 +1,168 @@
+"""RolloutStorage: shapes and dtypes, errors, after_update, minibatch coverage, state_dict."""
+
+import numpy as np
+import pytest
+import torch
+
+from rlstore import RolloutStorage
+
+T, N = 6, 3
+
+
+def step_args(rng, obs_shape=(4,), obs_dtype=np.float32, term=None, trunc=None):
+    return (
+        rng.integers(0, 255, size=(N, *obs_shape)).astype(obs_dtype),
+        rng.integers(0, 2, size=N),
+        rng.normal(size=N).astype(np.float32),
+        rng.normal(size=N).astype(np.float32),
+        np.ones(N, dtype=np.float64),  # SyncVectorEnv rewards are float64
+        np.zeros(N, bool) if term is None else term,
+        np.zeros(N, bool) if trunc is None else trunc,
+    )
+
+
+def filled(rng, dones_every=None):
+    storage = RolloutStorage(T, N, obs_shape=(4,))
+    storage.reset(rng.normal(size=(N, 4)).astype(np.float32))
+    for t in range(T):
+        term = np.full(N, dones_every is not None and t % dones_every == 0)
+        storage.insert(*step_args(rng, term=term))
+    return storage
+
+
+def test_shapes_dtypes_and_preallocation():
+    storage = RolloutStorage(T, N, obs_shape=(84, 84, 4), obs_dtype=np.uint8)
+    assert storage.obs.shape == (T + 1, N, 84, 84, 4) and storage.obs.dtype == torch.uint8
+    assert storage.actions.shape == (T, N) and storage.actions.dtype == torch.int64
+    cont = RolloutStorage(T, N, obs_shape=(3,), action_shape=(2,), action_dtype=torch.float32)
+    assert cont.actions.shape == (T, N, 2) and cont.actions.dtype == torch.float32
+    rng = np.random.default_rng(0)
+    obs_ptr = storage.obs.data_ptr()
+    storage.reset(np.zeros((N, 84, 84, 4), np.uint8))
+    storage.insert(*step_args(rng, obs_shape=(84, 84, 4), obs_dtype=np.uint8))
+    assert storage.obs.data_ptr() == obs_ptr  # written in place
+    assert storage.obs.dtype == torch.uint8
+
+
+def test_insert_past_the_end_and_bad_inputs_raise_clear_errors():
+    rng = np.random.default_rng(0)
+    storage = filled(rng)
+    with pytest.raises(IndexError, match="full.*after_update"):
+        storage.insert(*step_args(rng))
+    storage.after_update()
+    args = list(step_args(rng))
+    bad_shape = args.copy()
+    bad_shape[0] = np.zeros((N, 5), np.float32)
+    with pytest.raises(ValueError, match=r"next_obs has shape \(3, 5\), expected \(3, 4\)"):
+        storage.insert(*bad_shape)
+    bad_dtype = args.copy()
+    bad_dtype[1] = np.zeros(N, np.float32)  # float actions into integer storage
+    with pytest.raises(TypeError, match="action has dtype"):
+        storage.insert(*bad_dtype)
+    bad_flag = args.copy()
+    bad_flag[5] = np.zeros(N, np.float32)
+    with pytest.raises(TypeError, match="terminated has dtype"):
+        storage.insert(*bad_flag)
+    images = RolloutStorage(T, N, obs_shape=(2,), obs_dtype=np.uint8)
+    with pytest.raises(TypeError, match="next_obs has dtype torch.float32"):
+        images.insert(*step_args(rng, obs_shape=(2,)))
+    assert storage.step == 0  # nothing was half-written past the checks that failed first
+
+
+def test_after_update_carries_last_obs_and_episode_state():
+    rng = np.random.default_rng(1)
+    storage = filled(rng)
+    # The last step ends an episode: the next rollout's first step is a pseudo-step.
+    storage.terminated[T - 1] = True
+    storage.prev_done.fill_(True)
+    last_obs = storage.obs[T].clone()
+    storage.after_update()
+    assert storage.step == 0
+    torch.testing.assert_close(storage.current_obs, last_obs)
+    storage.insert(*step_args(rng))
+    assert not storage.valid[0].any()
+    storage.insert(*step_args(rng))
+    assert storage.valid[1].all()
+
+
+def test_reset_forgets_episode_state():
+    rng = np.random.default_rng(2)
+    storage = filled(rng, dones_every=1)
+    storage.reset(np.ones((N, 4), np.float32))
+    torch.testing.assert_close(storage.current_obs, torch.ones(N, 4))
+    storage.insert(*step_args(rng))
+    assert storage.valid[0].all()
+
+
+@pytest.mark.parametrize("num_minibatches", [1, 2, 3, 5])
+def test_minibatches_cover_each_valid_index_exactly_once_per_epoch(num_minibatches):
+    rng = np.random.default_rng(3)
+    storage = filled(rng, dones_every=2)  # dones at t = 0, 2, 4 -> pseudo-steps at 1, 3, 5
+    storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
+    # Tag each slot by its flat index through `values`, so a batch row says where it came from.
+    storage.values.copy_(torch.arange(T * N, dtype=torch.float32).reshape(T, N))
+    expected = set(np.flatnonzero(storage.valid.reshape(-1).numpy()).tolist())
+    assert len(expected) == 3 * N
+    orders = []
+    for _ in range(2):
+        seen = []
+        batches = list(storage.minibatches(num_minibatches))
+        assert len(batches) == num_minibatches
+        sizes = [len(b.values) for b in batches]
+        assert max(sizes) - min(sizes) <= 1
+        for batch in batches:
+            seen += batch.values.long().tolist()
+            assert batch.obs.shape[1:] == (4,) and batch.actions.shape[1:] == ()
+        assert sorted(seen) == sorted(expected)  # each valid index once, no pseudo-step
+        orders.append(seen)
+    assert orders[0] != orders[1]  # a fresh permutation each epoch
+
+
+def test_minibatches_rows_stay_aligned():
+    rng = np.random.default_rng(4)
+    storage = filled(rng)
+    storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
+    flat_obs = storage.obs[:T].reshape(-1, 4)
+    flat_adv = storage.advantages.reshape(-1)
+    for batch in storage.minibatches(4):
+        for obs, adv in zip(batch.obs, batch.advantages, strict=True):
+            index = int((flat_obs == obs).all(-1).nonzero()[0])
+            assert float(flat_adv[index]) == float(adv)
+
+
+def test_minibatches_need_returns_and_full_rollout():
+    rng = np.random.default_rng(5)
+    storage = RolloutStorage(T, N, obs_shape=(4,))
+    storage.insert(*step_args(rng))
+    with pytest.raises(RuntimeError, match="full rollout"):
+        storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
+    with pytest.raises(RuntimeError, match="compute_returns"):
+        next(storage.minibatches(2))
+
+
+def test_flatten_hands_valid_transitions_to_user_code():
+    rng = np.random.default_rng(6)
+    storage = filled(rng, dones_every=3)  # dones at t = 0, 3 -> pseudo at 1, 4
+    data = storage.flatten()
+    assert "advantages" not in data
+    assert data["obs"].shape == (4 * N, 4) and data["actions"].shape == (4 * N,)
+    storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
+    data = storage.flatten()
+    torch.testing.assert_close(data["returns"], data["advantages"] + data["values"])
+
+
+def test_state_dict_round_trip_is_exact():
+    rng = np.random.default_rng(7)
+    storage = filled(rng, dones_every=2)
+    storage.compute_returns(np.ones(N, np.float32), 0.99, 0.95)
+    state = storage.state_dict()
+    other = RolloutStorage(T, N, obs_shape=(4,))
+    other.load_state_dict(state)
+    for name in RolloutStorage._TENSORS:
+        assert torch.equal(getattr(other, name), getattr(storage, name)), name
+    assert other.step == storage.step
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    for a, b in zip(storage.minibatches(2, g1), other.minibatches(2, g2), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    with pytest.raises(ValueError, match="state 'obs'"):
+        RolloutStorage(T, N, obs_shape=(5,)).load_state_dict(state)
