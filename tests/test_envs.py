@@ -12,13 +12,26 @@ from rlstore.storage import RolloutStorage
 LIMIT = 5
 
 
-@pytest.mark.parametrize("vectorization", ["native", "sync"])
-def test_native_or_sync_mode_is_next_step(vectorization):
-    envs = make_vec_env("CartPole-v1", 3, seed=0, vectorization=vectorization)
+@pytest.mark.parametrize(
+    "vectorization, expected",
+    [("native", "CartPoleVectorEnv"), ("sync", "SyncVectorEnv"), ("async", "AsyncVectorEnv")],
+)
+def test_every_vectorization_is_next_step(vectorization, expected):
+    envs = make_vec_env("CartPole-v1", 2, seed=0, vectorization=vectorization)
     assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
-    expected = "CartPoleVectorEnv" if vectorization == "native" else "SyncVectorEnv"
     assert type(envs).__name__ == expected
     envs.close()
+
+
+def test_same_seed_same_observations_and_action_samples():
+    runs = []
+    for _ in range(2):
+        envs = make_vec_env("Acrobot-v1", 2, seed=4)
+        obs, _ = envs.reset(seed=4)
+        runs.append((obs, envs.action_space.sample()))
+        envs.close()
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
 def test_auto_prefers_native_vectorization():
