@@ -126,7 +126,12 @@ class Run:
     """Counters, logging and progress of one training run.
 
     The x axis of every scalar is `global_step`, the number of env steps taken so far.
+    Episode returns are logged as episodes end; update scalars at most once per
+    LOG_EVERY_STEPS env steps (A2C updates every 20 steps: logging each would cost more
+    than the update).
     """
+
+    LOG_EVERY_STEPS = 1000
 
     def __init__(
         self, cfg: CommonConfig, algo: str, device: torch.device, preset: Path | None = None
@@ -144,6 +149,7 @@ class Run:
             rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
             self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
         self.global_step = 0
+        self.last_log_step = 0
         self.episode_returns: list[float] = []
         self.episode_lengths: list[int] = []
         self.episode_steps: list[int] = []
@@ -165,8 +171,17 @@ class Run:
     def recent_mean_return(self) -> float | None:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
+    def log_due(self) -> bool:
+        """Whether the update just done should log its scalars (always the last one)."""
+        return (
+            self.global_step - self.last_log_step >= self.LOG_EVERY_STEPS
+            or self.global_step + self.cfg.num_envs * getattr(self.cfg, "num_steps", 1)
+            > self.cfg.total_timesteps
+        )
+
     def log_scalars(self, scalars: dict[str, Any]) -> None:
-        """Log one update's scalars (tensors are read here, once per update, not per step)."""
+        """Log one update's scalars (tensors are read here, not in the collect loop)."""
+        self.last_log_step = self.global_step
         sps = self.global_step / max(time.perf_counter() - self.start, 1e-9)
         if self.writer is not None:
             for name, value in scalars.items():
@@ -174,12 +189,18 @@ class Run:
             self.writer.add_scalar("charts/SPS", sps, self.global_step)
         self.progress.update(self.global_step, self.recent_mean_return)
 
-    def finish(self, model: torch.nn.Module) -> TrainResult:
-        seconds = time.perf_counter() - self.start
-        self.progress.update(self.global_step, self.recent_mean_return, force=True)
-        self.progress.close()
+    def close(self) -> None:
+        """Flush and close the event file; safe to call more than once."""
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
+
+    def finish(self, model: torch.nn.Module) -> TrainResult:
+        """Close the run and print its one-line summary."""
+        seconds = time.perf_counter() - self.start
+        self.close()
+        self.progress.update(self.global_step, self.recent_mean_return, force=True)
+        self.progress.close()
         result = TrainResult(
             self.dir,
             self.global_step,

@@ -71,12 +71,14 @@ def train(cfg: A2CConfig, preset: Path | None = None) -> TrainResult:
             optimizer.step()
 
             # -- log -----------------------------------------------------------------------
-            losses["losses/explained_variance"] = explained_variance(
-                data["values"], data["returns"]
-            )
-            losses["charts/learning_rate"] = lr
-            run.log_scalars(losses)
+            if run.log_due():
+                losses["losses/explained_variance"] = explained_variance(
+                    data["values"], data["returns"]
+                )
+                losses["charts/learning_rate"] = lr
+                run.log_scalars(losses)
             storage.after_update()
     finally:
         setup.envs.close()
+        run.close()
     return run.finish(agent)

@@ -15,8 +15,9 @@ from rlstore.storage import RolloutStorage
 
 def linear_schedule(start: float, end: float, duration: int, t: int) -> float:
     """`start` at t = 0, moving linearly to `end` at t = duration, then staying there."""
-    frac = min(max(t, 0) / max(duration, 1), 1.0)
-    return start + frac * (end - start)
+    if t >= duration:
+        return end
+    return start + max(t, 0) / duration * (end - start)
 
 
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -14,24 +14,24 @@ from torch import nn
 from rlstore.algos.common import OnPolicySetup, explained_variance, linear_schedule
 from rlstore.config import PPOConfig
 from rlstore.run import Run, TrainResult, prepare
+from rlstore.storage import RolloutBatch
 
 
 def ppo_loss(
     new_log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
     new_value: torch.Tensor,
-    old_value: torch.Tensor,
-    returns: torch.Tensor,
     entropy: torch.Tensor,
+    batch: RolloutBatch,
     cfg: PPOConfig,
 ) -> dict[str, torch.Tensor]:
-    """The PPO loss and its diagnostics for one minibatch.
+    """The PPO loss and its diagnostics for one minibatch, from the current policy's outputs
+    and the batch's stored log-probs, values, advantages and returns.
 
     policy: mean of max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c));
     value:  0.5 * mean of max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2) when clipped.
     """
-    log_ratio = new_log_prob - old_log_prob
+    advantages, old_value, returns = batch.advantages, batch.values, batch.returns
+    log_ratio = new_log_prob - batch.log_probs
     ratio = log_ratio.exp()
     if cfg.norm_adv and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -83,16 +83,7 @@ def train(cfg: PPOConfig, preset: Path | None = None) -> TrainResult:
             for _epoch in range(cfg.update_epochs):
                 for batch in storage.minibatches(cfg.num_minibatches):
                     new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
-                    losses = ppo_loss(
-                        new_log_prob,
-                        batch.log_probs,
-                        batch.advantages,
-                        new_value,
-                        batch.values,
-                        batch.returns,
-                        entropy,
-                        cfg,
-                    )
+                    losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg)
                     optimizer.zero_grad(set_to_none=True)
                     losses["loss"].backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
@@ -101,14 +92,16 @@ def train(cfg: PPOConfig, preset: Path | None = None) -> TrainResult:
                     break
 
             # -- log -----------------------------------------------------------------------
-            data = storage.flatten()
-            losses.pop("loss")
-            losses["losses/explained_variance"] = explained_variance(
-                data["values"], data["returns"]
-            )
-            losses["charts/learning_rate"] = lr
-            run.log_scalars(losses)
+            if run.log_due():
+                data = storage.flatten()
+                losses.pop("loss")
+                losses["losses/explained_variance"] = explained_variance(
+                    data["values"], data["returns"]
+                )
+                losses["charts/learning_rate"] = lr
+                run.log_scalars(losses)
             storage.after_update()
     finally:
         setup.envs.close()
+        run.close()
     return run.finish(agent)
