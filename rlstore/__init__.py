@@ -1,6 +1,6 @@
 """rlstore: a reference RL trainer built around correct, fast, resumable storage.
 
-    from rlstore import RolloutStorage, train_ppo, PPOConfig
+    from rlstore import RolloutStorage, ReplayBuffer, train_ppo, PPOConfig
 
 Heavy modules (torch, gymnasium) load on first use, so `rlstore --help` starts quickly.
 """
@@ -15,6 +15,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "RolloutStorage": "rlstore.storage.rollout",
     "RolloutBatch": "rlstore.storage.rollout",
+    "ReplayBuffer": "rlstore.storage.replay",
+    "ReplayBatch": "rlstore.storage.replay",
+    "QNetwork": "rlstore.networks",
+    "DQNConfig": "rlstore.config",
+    "train_dqn": ("rlstore.algos.dqn", "train"),
     "compute_gae": "rlstore.storage.rollout",
     "ActorCritic": "rlstore.networks",
     "make_vec_env": "rlstore.envs",

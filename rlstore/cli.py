@@ -6,6 +6,7 @@ rlstore train a2c --env CartPole-v1 --seed 2
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Annotated, Union
 
@@ -14,13 +15,14 @@ import tyro
 from rlstore.config import CONFIG_CLASSES, UsageError, resolve_defaults, validate
 
 USAGE = """\
-usage: rlstore train {ppo,a2c} [OPTIONS]
+usage: rlstore train {ppo,a2c,dqn} [OPTIONS]
 
 rlstore: a reference RL trainer built around correct, resumable storage.
 
 commands:
   train ppo    Proximal Policy Optimization
   train a2c    Advantage Actor-Critic
+  train dqn    Deep Q-Network (Double, dueling, n-step, prioritized replay as options)
 
 Run `rlstore train ppo --help` for every option. Monitor with `tensorboard --logdir runs`.
 """
@@ -57,11 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         algo, cfg, preset = parse_train(rest)
         validate(cfg)
         print(f"rlstore: {algo} on {cfg.env_id}, preset: {preset or 'none (defaults)'}")
-        if algo == "ppo":
-            from rlstore.algos.ppo import train
-        else:
-            from rlstore.algos.a2c import train
-        train(cfg, preset)
+        module = importlib.import_module(f"rlstore.algos.{algo}")
+        module.train(cfg, preset)
     except UsageError as e:
         print(f"rlstore: error: {e}", file=sys.stderr)
         return 2

@@ -143,7 +143,63 @@ class A2CConfig(CommonConfig):
         return self.total_timesteps // self.batch_size
 
 
-CONFIG_CLASSES: dict[str, type[CommonConfig]] = {"ppo": PPOConfig, "a2c": A2CConfig}
+@dataclass
+class DQNConfig(CommonConfig):
+    """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
+
+    num_envs: int = 1
+    """Number of parallel environments (step counters count env steps, summed over envs)."""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate."""
+    buffer_size: int = 10_000
+    """Replay buffer capacity in transitions."""
+    buffer_device: str = "auto"
+    """Where the replay buffer lives: auto (the training device), cpu or cuda."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 1.0
+    """Target network update rate: 1.0 is a hard copy, less is a soft (Polyak) update."""
+    target_network_frequency: int = 500
+    """Env steps between target network updates."""
+    batch_size: int = 128
+    """Transitions per gradient step."""
+    start_e: float = 1.0
+    """Exploration epsilon at the start."""
+    end_e: float = 0.05
+    """Exploration epsilon at the end of the decay."""
+    exploration_fraction: float = 0.5
+    """Fraction of total_timesteps over which epsilon decays linearly from start_e to end_e."""
+    learning_starts: int = 10_000
+    """Env steps of pure collection before the first gradient step."""
+    train_frequency: int = 10
+    """Env steps between training phases."""
+    gradient_steps: int = 1
+    """Gradient steps per training phase."""
+    loss: Literal["mse", "huber"] = "mse"
+    """TD loss: mean squared error or Huber (smooth L1)."""
+    max_grad_norm: float | None = None
+    """Clip the gradient norm to this value (no clipping when unset)."""
+    double_dqn: bool = False
+    """Double DQN: the online network picks the next action, the target network values it."""
+    dueling: bool = False
+    """Dueling head: Q = V + A - mean(A)."""
+    n_step: int = 1
+    """n-step returns (1 is the classic one-step target)."""
+    prioritized: bool = False
+    """Prioritized experience replay (proportional)."""
+    per_alpha: float = 0.6
+    """PER priority exponent alpha in [0, 1] (0 is uniform)."""
+    per_beta: float = 0.4
+    """PER importance-sampling exponent at the start; annealed linearly to 1 over training."""
+    per_eps: float = 1e-6
+    """Added to |TD error| so that no priority is zero."""
+
+
+CONFIG_CLASSES: dict[str, type[CommonConfig]] = {
+    "ppo": PPOConfig,
+    "a2c": A2CConfig,
+    "dqn": DQNConfig,
+}
 PRESET_DIR = Path(__file__).resolve().parent / "configs"  # installed: rlstore/configs
 if not PRESET_DIR.is_dir():  # a source checkout: configs/ at the repository top
     PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -268,8 +324,43 @@ def validate(cfg: CommonConfig) -> None:
             )
         if cfg.update_epochs < 1:
             raise UsageError(f"--update-epochs must be at least 1 (got {cfg.update_epochs})")
+    if isinstance(cfg, DQNConfig):
+        _validate_dqn(cfg)
     for name in ("gamma", "gae_lambda"):
         value = getattr(cfg, name, None)
         if value is not None and not 0.0 <= value <= 1.0:
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} must lie in [0, 1] (got {value})")
+
+
+def _validate_dqn(cfg: DQNConfig) -> None:
+    if cfg.buffer_size < cfg.num_envs:
+        raise UsageError(
+            f"--buffer-size {cfg.buffer_size} must be at least --num-envs {cfg.num_envs}"
+        )
+    if cfg.batch_size < 1 or cfg.batch_size > cfg.buffer_size:
+        raise UsageError(
+            f"--batch-size {cfg.batch_size} must lie in [1, --buffer-size {cfg.buffer_size}]; "
+            "lower the batch size or enlarge the buffer"
+        )
+    if cfg.learning_starts > cfg.total_timesteps:
+        raise UsageError(
+            f"--learning-starts {cfg.learning_starts} is larger than --total-timesteps "
+            f"{cfg.total_timesteps}: training would never start; lower it"
+        )
+    if cfg.n_step < 1:
+        raise UsageError(f"--n-step must be at least 1 (got {cfg.n_step})")
+    if not 0.0 <= cfg.per_alpha <= 1.0:
+        raise UsageError(f"--per-alpha must lie in [0, 1] (got {cfg.per_alpha})")
+    if not 0.0 <= cfg.per_beta <= 1.0:
+        raise UsageError(f"--per-beta must lie in [0, 1] (got {cfg.per_beta})")
+    if not 0.0 < cfg.tau <= 1.0:
+        raise UsageError(f"--tau must lie in (0, 1] (got {cfg.tau})")
+    for name in ("target_network_frequency", "train_frequency", "gradient_steps"):
+        if getattr(cfg, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be at least 1 (got {getattr(cfg, name)})")
+    for name in ("start_e", "end_e", "exploration_fraction"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must lie in [0, 1] (got {getattr(cfg, name)})")

@@ -109,3 +109,34 @@ def actor_critic_for(obs_space, action_space) -> ActorCritic:  # gymnasium space
     if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
         return ActorCritic(obs_dim, action_space.shape[0], continuous=True)
     raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")
+
+
+class QNetwork(nn.Module):
+    """ReLU MLP Q-network (120-84 like the classic DQN reference), optionally dueling."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        num_actions: int,
+        hidden: tuple[int, ...] = (120, 84),
+        dueling: bool = False,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        in_dim = obs_dim
+        for width in hidden:
+            layers += [nn.Linear(in_dim, width), nn.ReLU()]
+            in_dim = width
+        self.body = nn.Sequential(*layers)
+        self.dueling = dueling
+        self.advantage = nn.Linear(in_dim, num_actions)
+        if dueling:
+            self.value = nn.Linear(in_dim, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values, shape (batch, num_actions)."""
+        x = self.body(obs.reshape(obs.shape[0], -1).float())
+        if not self.dueling:
+            return self.advantage(x)
+        advantage = self.advantage(x)
+        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)

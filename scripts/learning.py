@@ -11,6 +11,7 @@ docs/learning.md and docs/learning.json. Not part of CI: it takes tens of minute
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing as mp
 import platform
@@ -22,10 +23,20 @@ from pathlib import Path
 import numpy as np
 
 CHECKS = {
-    # name: (algo, env, seeds, threshold, steps, how many seeds must pass)
-    "ppo-cartpole": ("ppo", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 3),
-    "ppo-acrobot": ("ppo", "Acrobot-v1", (1, 2, 3), -100.0, 500_000, 3),
-    "a2c-cartpole": ("a2c", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 2),
+    # name: (algo, env, seeds, threshold, steps, how many seeds must pass, extra flags)
+    "ppo-cartpole": ("ppo", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 3, ()),
+    "ppo-acrobot": ("ppo", "Acrobot-v1", (1, 2, 3), -100.0, 500_000, 3, ()),
+    "a2c-cartpole": ("a2c", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 2, ()),
+    "dqn-cartpole": ("dqn", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 2, ()),
+    "dqn-cartpole-nstep3-per": (
+        "dqn",
+        "CartPole-v1",
+        (1, 2, 3),
+        475.0,
+        500_000,
+        1,
+        ("--n-step", "3", "--prioritized"),
+    ),
 }
 WINDOW = 20
 
@@ -37,22 +48,18 @@ def first_reach(returns: list[float], steps: list[int], threshold: float) -> int
     return None
 
 
-def one_run(job: tuple[str, str, int, int]) -> dict:
+def one_run(job: tuple[str, str, int, int, tuple[str, ...]]) -> dict:
     import torch
 
     from rlstore.cli import parse_train
 
     torch.set_num_threads(1)
-    algo, env_id, seed, steps = job
+    algo, env_id, seed, steps, extra = job
     with tempfile.TemporaryDirectory() as logdir:
         args = [algo, "--env", env_id, "--seed", str(seed), "--total-timesteps", str(steps)]
-        args += ["--logdir", logdir, "--no-progress", "--no-track-tensorboard"]
+        args += ["--logdir", logdir, "--no-progress", "--no-track-tensorboard", *extra]
         _, cfg, preset = parse_train(args)
-        if algo == "ppo":
-            from rlstore.algos.ppo import train
-        else:
-            from rlstore.algos.a2c import train
-        result = train(cfg, preset)
+        result = importlib.import_module(f"rlstore.algos.{algo}").train(cfg, preset)
     return {
         "algo": algo,
         "env": env_id,
@@ -63,6 +70,7 @@ def one_run(job: tuple[str, str, int, int]) -> dict:
         "episode_returns": result.episode_returns,
         "episode_steps": result.episode_steps,
         "preset": str(preset.name) if preset else None,
+        "flags": list(extra),
     }
 
 
@@ -75,10 +83,10 @@ def main() -> None:
 
     jobs, wanted = [], {}
     for name in args.only:
-        algo, env_id, seeds, _, steps, _ = CHECKS[name]
+        algo, env_id, seeds, _, steps, _, extra = CHECKS[name]
         for seed in seeds:
-            jobs.append((algo, env_id, seed, steps))
-            wanted[(algo, env_id, seed)] = name
+            jobs.append((algo, env_id, seed, steps, extra))
+            wanted[(algo, env_id, seed, extra)] = name
     start = time.time()
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         runs = pool.map(one_run, jobs, chunksize=1)
@@ -96,8 +104,8 @@ def main() -> None:
     ]
     summary = {}
     for run in runs:
-        name = wanted[(run["algo"], run["env"], run["seed"])]
-        _, _, _, threshold, _, need = CHECKS[name]
+        name = wanted[(run["algo"], run["env"], run["seed"], tuple(run["flags"]))]
+        threshold = CHECKS[name][3]
         reached = first_reach(run["episode_returns"], run["episode_steps"], threshold)
         final = float(np.mean(run["episode_returns"][-WINDOW:]))
         run.update(reached_at=reached, final_mean=round(final, 1), threshold=threshold)

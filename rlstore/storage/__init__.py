@@ -1,5 +1,13 @@
-"""Storage for on-policy (RolloutStorage) and, later, off-policy (ReplayBuffer) algorithms."""
+"""Storage for on-policy (RolloutStorage) and off-policy (ReplayBuffer) algorithms."""
 
+from rlstore.storage.replay import ReplayBatch, ReplayBuffer, SumTree
 from rlstore.storage.rollout import RolloutBatch, RolloutStorage, compute_gae
 
-__all__ = ["RolloutBatch", "RolloutStorage", "compute_gae"]
+__all__ = [
+    "ReplayBatch",
+    "ReplayBuffer",
+    "RolloutBatch",
+    "RolloutStorage",
+    "SumTree",
+    "compute_gae",
+]

@@ -1,0 +1,169 @@
+"""DQN (Mnih et al. 2015) with the usual options: Double DQN, dueling head, n-step returns,
+prioritized replay, hard or soft target updates.
+
+Reads top to bottom: the TD loss as a pure function, then train(): build, and the loop of
+act (epsilon-greedy) -> store -> every train_frequency steps a gradient step on a replay
+batch -> every target_network_frequency steps a target update -> log.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+from torch.nn import functional as F
+
+from rlstore.algos.common import linear_schedule
+from rlstore.config import DQNConfig, UsageError
+from rlstore.envs import EpisodeStats, make_vec_env
+from rlstore.networks import QNetwork
+from rlstore.run import Run, TrainResult, prepare, resolve_device
+from rlstore.storage.replay import ReplayBatch, ReplayBuffer
+
+
+def td_loss(
+    q_network: nn.Module, target_network: nn.Module, batch: ReplayBatch, cfg: DQNConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted loss, TD errors, Q(s, a)) for a replay batch.
+
+    target = rewards + discounts * (1 - terminated) * Q_target(next_obs, a'), where a' is the
+    target network's argmax, or the online network's with Double DQN. With n-step replay the
+    batch's rewards and discounts already span the window.
+    """
+    with torch.no_grad():
+        next_q = target_network(batch.next_obs)
+        if cfg.double_dqn:
+            next_action = q_network(batch.next_obs).argmax(-1, keepdim=True)
+        else:
+            next_action = next_q.argmax(-1, keepdim=True)
+        next_value = next_q.gather(-1, next_action).squeeze(-1)
+        target = batch.rewards + batch.discounts * (~batch.terminated) * next_value
+    q_value = q_network(batch.obs).gather(-1, batch.actions.long().unsqueeze(-1)).squeeze(-1)
+    td_error = q_value - target
+    if cfg.loss == "huber":
+        elementwise = F.smooth_l1_loss(q_value, target, reduction="none")
+    else:
+        elementwise = td_error.square()
+    return (batch.weights * elementwise).mean(), td_error.detach(), q_value.detach()
+
+
+def crossings(before: int, after: int, every: int) -> int:
+    """How many multiples of `every` lie in (before, after]: schedules count env steps."""
+    return after // every - before // every
+
+
+def train(
+    cfg: DQNConfig,
+    preset: Path | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train DQN as configured. `on_step`, if given, sees the loop's state after every
+    vector step (tests use it to watch the target network and epsilon)."""
+    # -- build ---------------------------------------------------------------------------
+    device = prepare(cfg)
+    envs = make_vec_env(
+        cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps
+    )
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    if not isinstance(action_space, spaces.Discrete):
+        envs.close()
+        raise UsageError(
+            f"DQN needs a Discrete action space; {cfg.env_id} has {action_space}. "
+            "Use `rlstore train ppo` or `rlstore train a2c` for continuous actions"
+        )
+    buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
+    num_actions = int(action_space.n)
+    q_network = QNetwork(int(np.prod(obs_space.shape)), num_actions, dueling=cfg.dueling).to(device)
+    target_network = copy.deepcopy(q_network)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate)
+    buffer = ReplayBuffer(
+        cfg.buffer_size,
+        cfg.num_envs,
+        obs_space.shape,
+        obs_dtype=obs_space.dtype,
+        device=buffer_device,
+        sample_device=device,
+        n_step=cfg.n_step,
+        gamma=cfg.gamma,
+        prioritized=cfg.prioritized,
+        alpha=cfg.per_alpha,
+        priority_eps=cfg.per_eps,
+        seed=cfg.seed,
+    )
+    stats = EpisodeStats(cfg.num_envs)
+    run = Run(cfg, "dqn", device, preset)
+    explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
+    obs, _ = envs.reset(seed=cfg.seed)
+    metrics: dict[str, Any] = {}
+
+    try:
+        while run.global_step < cfg.total_timesteps:
+            # -- act: epsilon-greedy per env -------------------------------------------
+            epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
+            with torch.inference_mode():
+                greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1)
+                explore = torch.rand(cfg.num_envs, device=device) < epsilon
+                random_action = torch.randint(num_actions, (cfg.num_envs,), device=device)
+                action = torch.where(explore, random_action, greedy).cpu().numpy()
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+
+            # -- store -----------------------------------------------------------------
+            buffer.add(obs, action, reward, next_obs, terminated, truncated)
+            obs = next_obs
+            before, run.global_step = run.global_step, run.global_step + cfg.num_envs
+            returns, lengths = stats.update(reward, terminated, truncated)
+            if len(returns):
+                run.log_episodes(returns, lengths)
+
+            # -- train -----------------------------------------------------------------
+            if run.global_step > cfg.learning_starts:
+                beta = linear_schedule(cfg.per_beta, 1.0, cfg.total_timesteps, run.global_step)
+                phases = crossings(
+                    max(before, cfg.learning_starts), run.global_step, cfg.train_frequency
+                )
+                for _ in range(phases * cfg.gradient_steps):
+                    if not buffer.ready(cfg.batch_size):
+                        break
+                    batch = buffer.sample(cfg.batch_size, beta=beta)
+                    loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if cfg.max_grad_norm is not None:
+                        nn.utils.clip_grad_norm_(q_network.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                    if cfg.prioritized:
+                        buffer.update_priorities(batch.indices, td_error)
+                    metrics = {"losses/td_loss": loss.detach(), "losses/q_values": q_value.mean()}
+                if crossings(before, run.global_step, cfg.target_network_frequency):
+                    with torch.no_grad():
+                        for target, online in zip(
+                            target_network.parameters(), q_network.parameters(), strict=True
+                        ):
+                            if cfg.tau == 1.0:
+                                target.copy_(online)
+                            else:
+                                target.lerp_(online, cfg.tau)
+
+            # -- log -------------------------------------------------------------------
+            if run.log_due():
+                run.log_scalars({**metrics, "charts/epsilon": epsilon})
+            if on_step is not None:
+                on_step(
+                    {
+                        "global_step": run.global_step,
+                        "epsilon": epsilon,
+                        "q_network": q_network,
+                        "target_network": target_network,
+                        "buffer": buffer,
+                    }
+                )
+    finally:
+        envs.close()
+        run.close()
+    return run.finish(q_network)
