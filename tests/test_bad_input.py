@@ -27,6 +27,11 @@ def run_main(args, logdir, capsys):
         (["ppo", "--device", "cuda"], "no CUDA GPU is available; use --device cpu"),
         (["ppo", "--config", "nowhere.toml"], "--config file 'nowhere.toml' does not exist"),
         (["ppo", "--gamma", "1.5"], "--gamma must lie in [0, 1]"),
+        (["dqn", "--env", "Pendulum-v1"], "DQN needs a Discrete action space; Pendulum-v1 has"),
+        (["dqn", "--batch-size", "20000"], "--batch-size 20000 must lie in [1, --buffer-size"),
+        (["dqn", "--total-timesteps", "5000"], "--learning-starts 10000 is larger than"),
+        (["dqn", "--n-step", "0"], "--n-step must be at least 1"),
+        (["dqn", "--per-alpha", "1.5"], "--per-alpha must lie in [0, 1]"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, message, logdir, capsys):

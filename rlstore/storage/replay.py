@@ -238,9 +238,12 @@ class ReplayBuffer:
     # -- sampling ---------------------------------------------------------------------------
 
     def sample(self, batch_size: int, beta: float = 0.4) -> ReplayBatch:
-        """A batch of `batch_size` transitions (with replacement), on `sample_device`."""
-        if not self.ready(max(batch_size, 1)):
-            raise ValueError(f"cannot sample {batch_size} from {len(self)} transitions")
+        """A batch of `batch_size` transitions drawn with replacement, on `sample_device`.
+
+        Uniform, or proportional to priority^alpha with importance weights for `beta`.
+        """
+        if len(self) == 0:
+            raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
         N = self.num_envs
         if self.tree is not None:
             total = self.tree.total
@@ -281,17 +284,16 @@ class ReplayBuffer:
         open_ = torch.ones(len(rows), dtype=torch.bool, device=self.device)
         terminated = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
         end = rows.clone()
-        newest = (self.cursor - 1) % self.rows
         for k in range(self.n_step):
             row = (rows + k) % self.rows
-            if k:  # a break row (invalid) also ends the window
+            if k:  # invalid rows end the window: the cursor row, pseudo-steps and breaks
                 open_ = open_ & self.valid[row, envs]
             returns += open_ * discount * self.rewards[row, envs]
             discount = torch.where(open_, discount * self.gamma, discount)
             end = torch.where(open_, (row + 1) % self.rows, end)
             term, trunc = self.terminated[row, envs], self.truncated[row, envs]
             terminated |= open_ & term
-            open_ = open_ & ~(term | trunc) & (row != newest)
+            open_ = open_ & ~(term | trunc)
         return returns, discount, terminated, end
 
     def update_priorities(self, indices: Array, td_errors: Array) -> None:

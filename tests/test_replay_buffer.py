@@ -1,0 +1,300 @@
+"""ReplayBuffer: ring, episode boundaries, n-step against a naive reference, prioritized
+replay and its sum tree, persistence."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlstore import ReplayBuffer
+from rlstore.envs import make_vec_env
+from rlstore.storage import SumTree
+
+
+def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None):
+    """Add `steps` NEXT_STEP vector steps whose observations are unique ids.
+
+    Returns the real transitions per env in order: (obs id, reward, next obs id, term, trunc).
+    """
+    N = buffer.num_envs
+    counter = counter if counter is not None else [0]
+
+    def fresh():
+        counter[0] += N
+        return np.arange(counter[0] - N, counter[0], dtype=np.float32)[:, None]
+
+    obs, prev_done = fresh(), np.zeros(N, bool)
+    transitions = [[] for _ in range(N)]
+    for _ in range(steps):
+        next_obs = fresh()
+        kind = rng.random(N)
+        term = (kind < done_prob / 2) & ~prev_done
+        trunc = (kind >= done_prob / 2) & (kind < done_prob) & ~prev_done
+        reward = np.where(prev_done, 0.0, rng.normal(size=N)).astype(np.float32)
+        buffer.add(obs, rng.integers(0, 2, N), reward, next_obs, term, trunc)
+        for e in range(N):
+            if not prev_done[e]:
+                transitions[e].append((obs[e, 0], reward[e], next_obs[e, 0], term[e], trunc[e]))
+        prev_done, obs = term | trunc, next_obs
+    return transitions
+
+
+def test_ring_wraps_and_counts():
+    buffer = ReplayBuffer(capacity=6, num_envs=2, obs_shape=(1,), seed=0)
+    assert len(buffer) == 0 and not buffer.ready(1)
+    rng = np.random.default_rng(0)
+    transitions = scalar_stream(buffer, 2, rng)
+    assert len(buffer) == 4 and buffer.ready(4) and not buffer.ready(5)
+    scalar_stream(buffer, 5, rng, counter=[100])  # a new stream: a break row, then wrap
+    assert len(buffer) == 6  # capacity reached, oldest overwritten
+    kept = buffer.sample(500).obs[:, 0].unique()
+    assert len(kept) == 6 and kept.min() >= 100 + 2 * 2  # only the newest 3 steps x 2 envs
+    assert transitions  # (the first stream has been overwritten entirely)
+
+
+@pytest.mark.parametrize("vectorization", ["native", "sync"])
+def test_truncated_transition_has_true_final_observation(vectorization):
+    envs = make_vec_env("CartPole-v1", 2, seed=0, vectorization=vectorization, max_episode_steps=5)
+    buffer = ReplayBuffer(capacity=200, num_envs=2, obs_shape=(4,), seed=0)
+    obs, _ = envs.reset(seed=0)
+    reference, prev_done = set(), np.zeros(2, bool)
+    truncated_pairs = set()
+    for _ in range(30):
+        action = (obs[:, 2] > 0).astype(np.int64)  # balance: episodes end by the time limit
+        next_obs, reward, term, trunc, _ = envs.step(action)
+        buffer.add(obs, action, reward, next_obs, term, trunc)
+        for e in range(2):
+            if not prev_done[e]:
+                pair = (obs[e].tobytes(), next_obs[e].tobytes())
+                reference.add(pair)
+                if trunc[e]:
+                    truncated_pairs.add(pair)
+        prev_done, obs = term | trunc, next_obs
+    envs.close()
+    assert len(buffer) == len(reference) == 2 * 25  # 30 steps minus 5 pseudo-steps per env
+    batch = buffer.sample(3000)
+    sampled = {
+        (o.numpy().tobytes(), n.numpy().tobytes()) for o, n in zip(batch.obs, batch.next_obs)
+    }
+    assert sampled == reference  # every pair exact, no pseudo-step, nothing missing
+    assert truncated_pairs and truncated_pairs <= sampled
+    assert not batch.terminated.any()
+
+
+def test_stream_breaks_keep_the_previous_next_obs():
+    """SAME_STEP-style streams (the next obs differs from the last next_obs) stay exact."""
+    buffer = ReplayBuffer(capacity=10, num_envs=1, obs_shape=(1,), seed=0)
+    a, f = np.zeros(1, np.int64), np.zeros(1, bool)
+    buffer.add(np.array([[0.0]]), a, np.ones(1), np.array([[1.0]]), f, np.array([True]))
+    buffer.add(np.array([[5.0]]), a, np.ones(1), np.array([[6.0]]), f, f)  # a reset obs
+    batch = buffer.sample(200)
+    pairs = {(float(o), float(n)) for o, n in zip(batch.obs[:, 0], batch.next_obs[:, 0])}
+    assert pairs == {(0.0, 1.0), (5.0, 6.0)} and len(buffer) == 2
+
+
+def test_n_step_window_stops_at_a_stream_break():
+    """A manual reset mid-episode: windows end before the break, bootstrapping from the
+    last observation of the old stream."""
+    buffer = ReplayBuffer(capacity=10, num_envs=1, obs_shape=(1,), n_step=3, gamma=0.5, seed=0)
+    a, f = np.zeros(1, np.int64), np.zeros(1, bool)
+    for obs, next_obs in [(0.0, 1.0), (1.0, 2.0), (5.0, 6.0), (6.0, 7.0)]:
+        buffer.add(np.array([[obs]]), a, np.ones(1), np.array([[next_obs]]), f, f)
+    batch = buffer.sample(200)
+    got = {
+        float(o): (float(r), float(n), float(d))
+        for o, r, n, d in zip(batch.obs[:, 0], batch.rewards, batch.next_obs[:, 0], batch.discounts)
+    }
+    assert got == {
+        0.0: (1.5, 2.0, 0.25),
+        1.0: (1.0, 2.0, 0.5),
+        5.0: (1.5, 7.0, 0.25),
+        6.0: (1.0, 7.0, 0.5),
+    }
+
+
+def naive_n_step(transitions, n, gamma):
+    """obs id -> (n-step return, bootstrap obs id, gamma^k, terminated) from per-env lists."""
+    out = {}
+    for env_transitions in transitions:
+        for j, (obs, *_rest) in enumerate(env_transitions):
+            total, k, term = 0.0, 0, False
+            while True:
+                _, reward, next_obs, t, tr = env_transitions[j + k]
+                total += gamma**k * reward
+                k += 1
+                if t or tr or k == n or j + k == len(env_transitions):
+                    term = bool(t)
+                    break
+            out[float(obs)] = (total, float(next_obs), gamma**k, term)
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    num_envs=st.integers(1, 3),
+    steps=st.integers(1, 40),
+    done_prob=st.floats(0.0, 0.5),
+    seed=st.integers(0, 2**31),
+)
+def test_n_step_targets_match_naive_reference(n, num_envs, steps, done_prob, seed):
+    rng = np.random.default_rng(seed)
+    buffer = ReplayBuffer(
+        capacity=1000, num_envs=num_envs, obs_shape=(1,), n_step=n, gamma=0.9, seed=seed
+    )
+    transitions = scalar_stream(buffer, steps, rng, done_prob)
+    expected = naive_n_step(transitions, n, 0.9)
+    assert len(buffer) == len(expected)
+    batch = buffer.sample(200)
+    for i in range(200):
+        ret, next_obs, discount, term = expected[float(batch.obs[i, 0])]
+        assert float(batch.rewards[i]) == pytest.approx(ret, abs=1e-5)
+        assert float(batch.next_obs[i, 0]) == next_obs
+        assert float(batch.discounts[i]) == pytest.approx(discount)
+        assert bool(batch.terminated[i]) == term
+
+
+def test_n_step_never_reads_across_the_cursor_after_wrapping():
+    rng = np.random.default_rng(1)
+    buffer = ReplayBuffer(capacity=8, num_envs=1, obs_shape=(1,), n_step=4, gamma=0.5, seed=1)
+    transitions = scalar_stream(buffer, 30, rng)  # wraps several times, no dones
+    expected = naive_n_step([transitions[0][-8:]], 4, 0.5)  # the 8 kept, windows end at newest
+    batch = buffer.sample(400)
+    assert {float(x) for x in batch.obs[:, 0]} == set(expected)
+    for obs, ret, nxt in zip(batch.obs[:, 0], batch.rewards, batch.next_obs[:, 0]):
+        assert float(ret) == pytest.approx(expected[float(obs)][0], abs=1e-5)
+        assert float(nxt) == expected[float(obs)][1]
+
+
+def test_prioritized_with_alpha_zero_is_uniform_with_unit_weights():
+    rng = np.random.default_rng(2)
+    buffer = ReplayBuffer(
+        capacity=50, num_envs=1, obs_shape=(1,), prioritized=True, alpha=0.0, seed=2
+    )
+    scalar_stream(buffer, 10, rng)
+    batch = buffer.sample(10)
+    buffer.update_priorities(batch.indices, torch.as_tensor(rng.exponential(5.0, 10)))
+    counts = np.zeros(10)
+    for _ in range(200):
+        batch = buffer.sample(50, beta=0.7)
+        assert torch.all(batch.weights == 1.0)
+        np.add.at(counts, batch.obs[:, 0].long().numpy(), 1)
+    assert counts.min() > 0.8 * 1000 and counts.max() < 1.2 * 1000  # 10,000 draws over 10
+
+
+def test_sampling_frequencies_follow_priority_to_the_alpha():
+    rng = np.random.default_rng(3)
+    alpha, beta = 0.7, 0.5
+    buffer = ReplayBuffer(
+        capacity=50,
+        num_envs=2,
+        obs_shape=(1,),
+        prioritized=True,
+        alpha=alpha,
+        priority_eps=0.0,
+        seed=3,
+    )
+    scalar_stream(buffer, 5, rng)
+    indices = torch.as_tensor(np.flatnonzero(buffer.valid.reshape(-1).numpy()))
+    td = torch.arange(1, len(indices) + 1, dtype=torch.float32)
+    buffer.update_priorities(indices, td)
+    expected = td.numpy() ** alpha / (td.numpy() ** alpha).sum()
+    draws = 40_000
+    counts = np.zeros(len(indices))
+    position = {int(i): k for k, i in enumerate(indices)}
+    for _ in range(draws // 400):
+        batch = buffer.sample(400, beta=beta)
+        for i in batch.indices.tolist():
+            counts[position[i]] += 1
+        probs = expected[[position[i] for i in batch.indices.tolist()]]
+        w = (len(indices) * probs) ** -beta
+        np.testing.assert_allclose(batch.weights.numpy(), w / w.max(), rtol=1e-5)
+    sigma = np.sqrt(draws * expected * (1 - expected))
+    assert np.all(np.abs(counts - draws * expected) < 5 * sigma)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    size=st.integers(1, 70),
+    updates=st.lists(st.tuples(st.integers(0, 69), st.floats(0, 100)), max_size=60),
+    seed=st.integers(0, 100),
+)
+def test_sum_tree_nodes_are_sums_of_their_leaves(size, updates, seed):
+    tree = SumTree(size)
+    leaves = np.zeros(size)
+    rng = np.random.default_rng(seed)
+    for index, value in updates:
+        index %= size
+        tree.update(np.array([index]), np.array([value]))
+        leaves[index] = value
+        batch = rng.integers(0, size, 3)  # vectorized updates too
+        values = rng.random(3)
+        tree.update(batch, values)
+        leaves[batch] = values  # last write wins in both
+    assert tree.total == pytest.approx(leaves.sum())
+    for node in range(1, tree.capacity):
+        assert tree.nodes[node] == pytest.approx(tree.nodes[2 * node] + tree.nodes[2 * node + 1])
+    if tree.total > 0:
+        mass = rng.random(100) * tree.total
+        found = tree.find(mass)
+        cumulative = np.cumsum(leaves)
+        assert np.all(leaves[found] > 0)
+        expected = np.searchsorted(cumulative, mass, side="right")
+        assert np.all((found == expected) | (leaves[np.minimum(expected, size - 1)] == 0))
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_path):
+    rng = np.random.default_rng(4)
+    kwargs = dict(
+        capacity=20, num_envs=2, obs_shape=(1,), n_step=3, prioritized=prioritized, seed=4
+    )
+    buffer = ReplayBuffer(**kwargs)
+    scalar_stream(buffer, 15, rng, done_prob=0.3)
+    if prioritized:
+        batch = buffer.sample(8)
+        buffer.update_priorities(batch.indices, torch.as_tensor(rng.random(8)))
+    buffer.save(tmp_path / "replay.pt")
+    restored = ReplayBuffer(**kwargs)
+    restored.load(tmp_path / "replay.pt")
+    for name in ReplayBuffer._TENSORS:
+        assert torch.equal(getattr(restored, name), getattr(buffer, name))
+    assert (restored.cursor, restored.added, len(restored)) == (
+        buffer.cursor,
+        buffer.added,
+        len(buffer),
+    )
+    if prioritized:
+        np.testing.assert_array_equal(restored.tree.nodes, buffer.tree.nodes)
+        assert restored.max_priority == buffer.max_priority
+    for a, b in zip(buffer.sample(16), restored.sample(16)):  # same RNG state: same batch
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="prioritized and uniform"):
+        ReplayBuffer(**{**kwargs, "prioritized": not prioritized}).load(tmp_path / "replay.pt")
+
+
+def test_uint8_observations_stay_uint8_and_memory_per_transition():
+    buffer = ReplayBuffer(capacity=1000, num_envs=4, obs_shape=(84, 84, 4), obs_dtype=np.uint8)
+    assert buffer.obs.dtype == torch.uint8
+    per_transition = sum(getattr(buffer, n).nbytes for n in ReplayBuffer._TENSORS) / buffer.capacity
+    assert per_transition < 1.01 * (84 * 84 * 4 + 8 + 4 + 3)  # one observation, not two
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="n_step"):
+        ReplayBuffer(10, 1, (1,), n_step=0)
+    with pytest.raises(ValueError, match="alpha"):
+        ReplayBuffer(10, 1, (1,), alpha=1.5)
+    buffer = ReplayBuffer(10, 2, (3,))
+    with pytest.raises(ValueError, match=r"obs has shape \(2, 4\)"):
+        buffer.add(
+            np.zeros((2, 4)),
+            np.zeros(2, np.int64),
+            np.zeros(2),
+            np.zeros((2, 3)),
+            np.zeros(2, bool),
+            np.zeros(2, bool),
+        )
+    with pytest.raises(ValueError, match="empty buffer"):
+        buffer.sample(1)
