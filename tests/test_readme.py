@@ -6,13 +6,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_python_example_runs():
+def test_readme_python_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     readme = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    rollout, replay = re.findall(r"```python\n(.*?)```", readme, re.S)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    storage = namespace["storage"]
-    assert storage.step == 0 and namespace["data"]["advantages"].ndim == 1
+    exec(compile(rollout, "README.md", "exec"), namespace)
+    assert namespace["storage"].step == 0 and namespace["data"]["advantages"].ndim == 1
+    exec(compile(replay, "README.md", "exec"), namespace)
+    assert len(namespace["batch"].obs) == 128 and (tmp_path / "replay.pt").exists()
 
 
 def test_ci_runs_the_readme_test_command():
