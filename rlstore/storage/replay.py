@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rlstore.storage.rollout import Array, _fits, _torch_dtype
+from rlstore.storage.rollout import Array, _torch_dtype, checked
 
 
 class ReplayBatch(NamedTuple):
@@ -174,12 +174,12 @@ class ReplayBuffer:
         next_obs and the transition goes into the row after it.
         """
         N = self.num_envs
-        obs = self._checked(obs, "obs", (N, *self.obs_shape), self.obs.dtype)
-        next_obs = self._checked(next_obs, "next_obs", (N, *self.obs_shape), self.obs.dtype)
-        action = self._checked(action, "action", (N, *self.action_shape), self.actions.dtype)
-        reward = self._checked(reward, "reward", (N,), torch.float32)
-        terminated = self._checked(terminated, "terminated", (N,), torch.bool)
-        truncated = self._checked(truncated, "truncated", (N,), torch.bool)
+        obs = checked(obs, "obs", (N, *self.obs_shape), self.obs.dtype)
+        next_obs = checked(next_obs, "next_obs", (N, *self.obs_shape), self.obs.dtype)
+        action = checked(action, "action", (N, *self.action_shape), self.actions.dtype)
+        reward = checked(reward, "reward", (N,), torch.float32)
+        terminated = checked(terminated, "terminated", (N,), torch.bool)
+        truncated = checked(truncated, "truncated", (N,), torch.bool)
         obs = obs.to(self.device, self.obs.dtype)
         if self.added == 0:
             valid = torch.ones(N, dtype=torch.bool, device=self.device)
@@ -215,16 +215,6 @@ class ReplayBuffer:
             )
         self.cursor = nxt
         self.added += 1
-
-    def _checked(
-        self, x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype
-    ) -> torch.Tensor:
-        x = torch.as_tensor(x)
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-        if x.dtype != dtype and not _fits(x.dtype, dtype):
-            raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
-        return x
 
     # -- size -------------------------------------------------------------------------------
 

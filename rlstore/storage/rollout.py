@@ -129,7 +129,7 @@ class RolloutStorage:
         self.valid.zero_()
         self._returns_ready = False
         if obs is not None:
-            self.obs[0].copy_(self._checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
+            self.obs[0].copy_(checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
 
     def insert(
         self,
@@ -149,34 +149,19 @@ class RolloutStorage:
                 "before inserting the next rollout"
             )
         N = self.num_envs
-        self.obs[t + 1].copy_(
-            self._checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)
-        )
-        self.actions[t].copy_(
-            self._checked(action, "action", self.actions.shape[1:], self.actions.dtype)
-        )
-        self.log_probs[t].copy_(self._checked(log_prob, "log_prob", (N,), torch.float32))
-        self.values[t].copy_(self._checked(value, "value", (N,), torch.float32))
-        self.rewards[t].copy_(self._checked(reward, "reward", (N,), torch.float32))
-        term = self._checked(terminated, "terminated", (N,), torch.bool)
-        trunc = self._checked(truncated, "truncated", (N,), torch.bool)
+        self.obs[t + 1].copy_(checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype))
+        self.actions[t].copy_(checked(action, "action", self.actions.shape[1:], self.actions.dtype))
+        self.log_probs[t].copy_(checked(log_prob, "log_prob", (N,), torch.float32))
+        self.values[t].copy_(checked(value, "value", (N,), torch.float32))
+        self.rewards[t].copy_(checked(reward, "reward", (N,), torch.float32))
+        term = checked(terminated, "terminated", (N,), torch.bool)
+        trunc = checked(truncated, "truncated", (N,), torch.bool)
         self.terminated[t].copy_(term)
         self.truncated[t].copy_(trunc)
         torch.logical_not(self.prev_done, out=self.valid[t])
         torch.logical_or(self.terminated[t], self.truncated[t], out=self.prev_done)
         self.step = t + 1
         self._returns_ready = False
-
-    def _checked(
-        self, x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype
-    ) -> torch.Tensor:
-        """x as a tensor after checking its shape and that its dtype fits `dtype` losslessly."""
-        x = torch.as_tensor(x)
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-        if x.dtype != dtype and not _fits(x.dtype, dtype):
-            raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
-        return x
 
     # -- returns ----------------------------------------------------------------------------
 
@@ -192,7 +177,7 @@ class RolloutStorage:
             raise RuntimeError(
                 f"compute_returns needs a full rollout; {self.step}/{self.num_steps} steps inserted"
             )
-        next_value = self._checked(next_value, "next_value", (self.num_envs,), torch.float32)
+        next_value = checked(next_value, "next_value", (self.num_envs,), torch.float32)
         next_values = torch.cat((self.values[1:], next_value.to(self.device, torch.float32)[None]))
         lam = gae_lambda if use_gae else 1.0
         self.advantages = compute_gae(
@@ -286,6 +271,16 @@ class RolloutStorage:
             getattr(self, name).copy_(state[name])
         self.step = int(state["step"])
         self._returns_ready = bool(state["returns_ready"])
+
+
+def checked(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """x as a tensor after checking its shape and that its dtype fits `dtype` losslessly."""
+    x = torch.as_tensor(x)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if x.dtype != dtype and not _fits(x.dtype, dtype):
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
+    return x
 
 
 def _torch_dtype(dtype: torch.dtype | np.dtype | type) -> torch.dtype:
