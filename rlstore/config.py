@@ -24,6 +24,14 @@ class UsageError(Exception):
     """A user mistake: the CLI prints the message on one line and exits with status 2."""
 
 
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM arrived and a checkpoint was written; the CLI exits 130 or 143."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.exit_code = 128 + signum
+
+
 EnvId = Annotated[str, tyro.conf.arg(name="env", aliases=("--env-id",))]
 
 
@@ -53,6 +61,10 @@ class CommonConfig:
     """Show a progress bar on stderr."""
     config: str | None = None
     """A TOML file of field = value overrides (applied after the preset, before flags)."""
+    checkpoint_every: int = 100_000
+    """Write a checkpoint every this many env steps (0: only at the end and on SIGINT/SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Keep the newest K checkpoints."""
 
 
 @dataclass
@@ -306,6 +318,8 @@ def validate(cfg: CommonConfig) -> None:
     """Cheap checks that need no env and no network: fail before anything is built."""
     if cfg.num_envs < 1:
         raise UsageError(f"--num-envs must be at least 1 (got {cfg.num_envs})")
+    if cfg.checkpoint_every < 0 or cfg.keep_checkpoints < 1:
+        raise UsageError("--checkpoint-every must be >= 0 and --keep-checkpoints >= 1")
     if cfg.max_episode_steps is not None and cfg.max_episode_steps < 1:
         raise UsageError(f"--max-episode-steps must be at least 1 (got {cfg.max_episode_steps})")
     if getattr(cfg, "num_steps", 1) < 1:

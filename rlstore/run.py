@@ -5,17 +5,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import signal
 import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlstore.config import CommonConfig, UsageError, validate
+from rlstore.checkpoint import (
+    atomic_save,
+    checkpoint_files,
+    load_newest_valid,
+    rng_state,
+    set_rng_state,
+)
+from rlstore.config import CommonConfig, TrainingInterrupted, UsageError, validate
 from rlstore.envs import check_env_id
+
+CHECKPOINT_FORMAT = "rlstore-checkpoint-1"
+POLICY_FORMAT = "rlstore-policy-1"
+REQUIRED_KEYS = ("format", "algo", "env_id", "global_step", "rng", "algorithm")
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -117,27 +131,52 @@ class TrainResult:
     episode_steps: list[int]  # global step at which each episode ended
     model: torch.nn.Module
 
+    start_step: int = 0  # > 0 when the run was resumed
+
     @property
     def sps(self) -> float:
-        return self.global_step / max(self.seconds, 1e-9)
+        return (self.global_step - self.start_step) / max(self.seconds, 1e-9)
 
 
 class Run:
-    """Counters, logging and progress of one training run.
+    """Counters, logging, progress, checkpoints and signals of one training run.
 
     The x axis of every scalar is `global_step`, the number of env steps taken so far.
     Episode returns are logged as episodes end; update scalars at most once per
     LOG_EVERY_STEPS env steps (A2C updates every 20 steps: logging each would cost more
     than the update).
+
+    With `resume_dir`, the run continues in that directory from its newest valid
+    checkpoint (`self.resumed` holds the algorithm's part of it); TensorBoard events after
+    the checkpoint's step from the interrupted run are purged, so curves neither split nor
+    repeat.
     """
 
     LOG_EVERY_STEPS = 1000
 
     def __init__(
-        self, cfg: CommonConfig, algo: str, device: torch.device, preset: Path | None = None
+        self,
+        cfg: CommonConfig,
+        algo: str,
+        device: torch.device,
+        preset: Path | None = None,
+        resume_dir: Path | None = None,
+        policy: dict[str, Any] | None = None,
     ) -> None:
         self.cfg, self.algo, self.device = cfg, algo, device
-        self.dir = new_run_dir(cfg.logdir, cfg.env_id, cfg.exp_name or algo, cfg.seed)
+        self.policy = policy or {}  # what rebuilds the policy network (rlstore.evaluate)
+        self.global_step = 0
+        self.last_log_step = 0
+        self.episode_returns: list[float] = []
+        self.episode_lengths: list[int] = []
+        self.episode_steps: list[int] = []
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self.resumed: dict[str, Any] | None = None
+        if resume_dir is None:
+            self.dir = new_run_dir(cfg.logdir, cfg.env_id, cfg.exp_name or algo, cfg.seed)
+        else:
+            self.dir = Path(resume_dir)
+            self.resumed = self._load_checkpoint()
         record = {"algo": algo, "preset": str(preset) if preset else None}
         record.update(dataclasses.asdict(cfg))
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -145,17 +184,100 @@ class Run:
         if cfg.track_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.dir))
-            rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
-            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
-        self.global_step = 0
-        self.last_log_step = 0
-        self.episode_returns: list[float] = []
-        self.episode_lengths: list[int] = []
-        self.episode_steps: list[int] = []
-        self.recent_returns: deque[float] = deque(maxlen=20)
+            purge = self.global_step if self.resumed is not None else None
+            self.writer = SummaryWriter(str(self.dir), purge_step=purge)
+            if self.resumed is None:
+                rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
+                self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
         self.progress = Progress(cfg.total_timesteps, f"{algo} {cfg.env_id}", cfg.progress)
         self.start = time.perf_counter()
+        self.start_step = self.global_step
+        self.stop_signal: int | None = None
+        self._previous_handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    # -- signals and checkpoints --------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """First signal: finish the current step, checkpoint, stop. A second one: stop now."""
+        if self.stop_signal is not None:
+            raise KeyboardInterrupt
+        self.stop_signal = signum
+        print(f"\nrlstore: signal {signum}: writing a checkpoint, then stopping", file=sys.stderr)
+
+    def checkpoint_due(self, before: int) -> bool:
+        """Whether the steps since `before` crossed a multiple of --checkpoint-every."""
+        every = self.cfg.checkpoint_every
+        return every > 0 and self.global_step // every > before // every
+
+    def save_checkpoint(self, state: dict[str, Any]) -> Path:
+        """Write the algorithm's `state` plus the run's own atomically; keep the newest K."""
+        directory = self.dir / "checkpoints"
+        directory.mkdir(exist_ok=True)
+        path = directory / f"step_{self.global_step:012d}.pt"
+        atomic_save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "algo": self.algo,
+                "env_id": self.cfg.env_id,
+                "global_step": self.global_step,
+                "last_log_step": self.last_log_step,
+                "episodes": {
+                    "returns": self.episode_returns,
+                    "lengths": self.episode_lengths,
+                    "steps": self.episode_steps,
+                },
+                "rng": rng_state(),
+                "policy": self.policy,
+                "algorithm": state,
+            },
+            path,
+        )
+        for old in checkpoint_files(directory)[max(self.cfg.keep_checkpoints, 1) :]:
+            old.unlink()
+        return path
+
+    def stop_if_asked(self, state: Callable[[], dict[str, Any]]) -> None:
+        """At a step boundary: on a pending SIGINT/SIGTERM, checkpoint and stop."""
+        if self.stop_signal is not None:
+            path = self.save_checkpoint(state())
+            print(f"rlstore: checkpoint {path}", file=sys.stderr)
+            raise TrainingInterrupted(self.stop_signal)
+
+    def _load_checkpoint(self) -> dict[str, Any]:
+        found = load_newest_valid(self.dir / "checkpoints", REQUIRED_KEYS)
+        if found is None:
+            raise UsageError(f"{self.dir} has no valid checkpoint to resume from")
+        path, state = found
+        if state["algo"] != self.algo or state["env_id"] != self.cfg.env_id:
+            raise UsageError(
+                f"{path} is a checkpoint of {state['algo']} on {state['env_id']}, "
+                f"not of {self.algo} on {self.cfg.env_id}; resume it with its own run directory"
+            )
+        if state["global_step"] > self.cfg.total_timesteps:
+            raise UsageError(
+                f"--total-timesteps {self.cfg.total_timesteps} is smaller than the "
+                f"{state['global_step']} steps already done; give a larger value"
+            )
+        self.global_step = state["global_step"]
+        self.last_log_step = state["last_log_step"]
+        episodes = state["episodes"]
+        self.episode_returns = list(episodes["returns"])
+        self.episode_lengths = list(episodes["lengths"])
+        self.episode_steps = list(episodes["steps"])
+        self.recent_returns.extend(self.episode_returns[-20:])
+        print(f"rlstore: resuming from {path} at step {self.global_step:,}")
+        self._rng = state["rng"]
+        return state["algorithm"]
+
+    def restore_rng(self) -> None:
+        """Call once everything is built: building draws random numbers of its own."""
+        if self.resumed is not None:
+            set_rng_state(self._rng)
+
+    # -- logging ------------------------------------------------------------------------------
 
     def log_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
         for ret, length in zip(returns.tolist(), lengths.tolist(), strict=True):
@@ -182,21 +304,40 @@ class Run:
     def log_scalars(self, scalars: dict[str, Any]) -> None:
         """Log one update's scalars (tensors are read here, not in the collect loop)."""
         self.last_log_step = self.global_step
-        sps = self.global_step / max(time.perf_counter() - self.start, 1e-9)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        sps = (self.global_step - self.start_step) / elapsed
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(name, float(value), self.global_step)
             self.writer.add_scalar("charts/SPS", sps, self.global_step)
         self.progress.update(self.global_step, self.recent_mean_return)
 
+    # -- the end --------------------------------------------------------------------------
+
     def close(self) -> None:
-        """Flush and close the event file; safe to call more than once."""
+        """Flush and close the event file, give the signals back; safe to call again."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
 
-    def finish(self, model: torch.nn.Module) -> TrainResult:
-        """Close the run and print its one-line summary."""
+    def finish(self, model: torch.nn.Module, state: dict[str, Any]) -> TrainResult:
+        """Write the final checkpoint and model file, close, and print the one-line summary."""
+        self.save_checkpoint(state)
+        atomic_save(
+            {
+                "format": POLICY_FORMAT,
+                "algo": self.algo,
+                "env_id": self.cfg.env_id,
+                "global_step": self.global_step,
+                "config": dataclasses.asdict(self.cfg),
+                "state_dict": model.state_dict(),
+                "policy": self.policy,
+            },
+            self.dir / "model.pt",
+        )
         seconds = time.perf_counter() - self.start
         self.close()
         self.progress.update(self.global_step, self.recent_mean_return, force=True)
@@ -209,11 +350,13 @@ class Run:
             self.episode_lengths,
             self.episode_steps,
             model,
+            self.start_step,
         )
         mean = self.recent_mean_return
+        steps = self.global_step - self.start_step
         print(
             f"{self.algo} {self.cfg.env_id}: {self.global_step:,} steps in {seconds:.1f} s "
-            f"({result.sps:,.0f} steps/s), {len(self.episode_returns)} episodes, "
+            f"({steps / max(seconds, 1e-9):,.0f} steps/s), {len(self.episode_returns)} episodes, "
             f"mean return of the last {len(self.recent_returns)}: "
             f"{'-' if mean is None else f'{mean:.1f}'}; run dir {self.dir}"
         )

@@ -39,19 +39,35 @@ def a2c_loss(
     }
 
 
-def train(cfg: A2CConfig, preset: Path | None = None) -> TrainResult:
-    """Train A2C as configured; returns the run's result (run dir, episode returns, model)."""
+def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None) -> TrainResult:
+    """Train A2C as configured, or continue the run in `resume` from its newest checkpoint.
+
+    Returns the run's result (run dir, episode returns, model).
+    """
     # -- build ---------------------------------------------------------------------------
     device = prepare(cfg)
     setup = OnPolicySetup(cfg, device)
-    run = Run(cfg, "a2c", device, preset)
     agent, storage = setup.agent, setup.storage
     optimizer = torch.optim.RMSprop(
         agent.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps
     )
+    run = Run(cfg, "a2c", device, preset, resume, setup.policy_info())
+    if run.resumed is not None:
+        agent.load_state_dict(run.resumed["model"])
+        optimizer.load_state_dict(run.resumed["optimizer"])
+        setup.load_state_dict(run.resumed, cfg.seed)
+    run.restore_rng()
+
+    def snapshot() -> dict:
+        return {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            **setup.state_dict(),
+        }
 
     try:
-        for iteration in range(cfg.num_iterations):
+        for iteration in range(run.global_step // cfg.batch_size, cfg.num_iterations):
+            before = run.global_step
             lr = cfg.learning_rate
             if cfg.anneal_lr:
                 lr = linear_schedule(cfg.learning_rate, 0.0, cfg.num_iterations, iteration)
@@ -70,7 +86,7 @@ def train(cfg: A2CConfig, preset: Path | None = None) -> TrainResult:
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             optimizer.step()
 
-            # -- log -----------------------------------------------------------------------
+            # -- log, checkpoint -----------------------------------------------------------
             if run.log_due():
                 losses["losses/explained_variance"] = explained_variance(
                     data["values"], data["returns"]
@@ -78,7 +94,10 @@ def train(cfg: A2CConfig, preset: Path | None = None) -> TrainResult:
                 losses["charts/learning_rate"] = lr
                 run.log_scalars(losses)
             storage.after_update()
+            if run.checkpoint_due(before):
+                run.save_checkpoint(snapshot())
+            run.stop_if_asked(snapshot)
+        return run.finish(agent, snapshot())
     finally:
         setup.envs.close()
         run.close()
-    return run.finish(agent)

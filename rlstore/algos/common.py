@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 from gymnasium import spaces
 
+from rlstore.checkpoint import env_state, load_env_state
 from rlstore.config import CommonConfig, UsageError
 from rlstore.envs import EpisodeStats, make_vec_env
 from rlstore.networks import ActorCritic, actor_critic_for
@@ -74,6 +77,42 @@ class OnPolicySetup:
             returns, lengths = self.stats.update(reward, terminated, truncated)
             if len(returns):
                 run.log_episodes(returns, lengths)
+
+    def policy_info(self) -> dict:
+        """What the final model file needs to rebuild the policy (see rlstore.evaluate)."""
+        space = self.envs.single_action_space
+        info = {
+            "network": "actor_critic",
+            "obs_shape": list(self.envs.single_observation_space.shape),
+            "action_dim": int(space.n) if isinstance(space, spaces.Discrete) else space.shape[0],
+            "continuous": self.agent.continuous,
+        }
+        if self.agent.continuous:
+            info.update(action_low=space.low.tolist(), action_high=space.high.tolist())
+        return info
+
+    def state_dict(self) -> dict:
+        """Envs, storage (the rollout boundary: last obs, episodes in progress) and stats."""
+        return {
+            "envs": env_state(self.envs),
+            "storage": self.storage.state_dict(),
+            "stats": {k: torch.from_numpy(v.copy()) for k, v in self.stats.state_dict().items()},
+        }
+
+    def load_state_dict(self, state: dict, seed: int) -> None:
+        """Restore; envs that cannot be saved restart from a fresh reset (said on one line)."""
+        if state["envs"] is None:
+            print(
+                f"rlstore: {self.envs.spec.id if self.envs.spec else 'this env'} cannot be "
+                "saved; resuming with freshly reset envs",
+                file=sys.stderr,
+            )
+            obs, _ = self.envs.reset(seed=seed)
+            self.storage.reset(obs)
+            return
+        load_env_state(self.envs, state["envs"])
+        self.storage.load_state_dict(state["storage"])
+        self.stats.load_state_dict({k: v.numpy() for k, v in state["stats"].items()})
 
     def compute_returns(self, gamma: float, gae_lambda: float, use_gae: bool) -> None:
         with torch.inference_mode():

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlstore.algos.common import linear_schedule
+from rlstore.checkpoint import env_state, load_env_state
 from rlstore.config import DQNConfig, UsageError
 from rlstore.envs import EpisodeStats, make_vec_env
 from rlstore.networks import QNetwork
@@ -61,10 +62,14 @@ def crossings(before: int, after: int, every: int) -> int:
 def train(
     cfg: DQNConfig,
     preset: Path | None = None,
+    resume: Path | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train DQN as configured. `on_step`, if given, sees the loop's state after every
-    vector step (tests use it to watch the target network and epsilon)."""
+    """Train DQN as configured, or continue the run in `resume` from its newest checkpoint.
+
+    `on_step`, if given, sees the loop's state after every vector step (tests use it to
+    watch the target network and epsilon).
+    """
     # -- build ---------------------------------------------------------------------------
     device = prepare(cfg)
     envs = make_vec_env(
@@ -97,10 +102,40 @@ def train(
         seed=cfg.seed,
     )
     stats = EpisodeStats(cfg.num_envs)
-    run = Run(cfg, "dqn", device, preset)
-    explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
     obs, _ = envs.reset(seed=cfg.seed)
+    policy = {
+        "network": "q_network",
+        "obs_shape": list(obs_space.shape),
+        "action_dim": num_actions,
+        "dueling": cfg.dueling,
+    }
+    run = Run(cfg, "dqn", device, preset, resume, policy)
+    if run.resumed is not None:
+        state = run.resumed
+        q_network.load_state_dict(state["model"])
+        target_network.load_state_dict(state["target_model"])
+        optimizer.load_state_dict(state["optimizer"])
+        buffer.load_state_dict(state["buffer"])
+        if state["envs"] is None:
+            print(f"rlstore: {cfg.env_id} cannot be saved; resuming with freshly reset envs")
+        else:
+            load_env_state(envs, state["envs"])
+            obs = state["obs"].numpy()
+            stats.load_state_dict({k: v.numpy() for k, v in state["stats"].items()})
+    run.restore_rng()
+    explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
     metrics: dict[str, Any] = {}
+
+    def snapshot() -> dict:
+        return {
+            "model": q_network.state_dict(),
+            "target_model": target_network.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "buffer": buffer.state_dict(),
+            "envs": env_state(envs),
+            "obs": torch.from_numpy(np.array(obs)),
+            "stats": {k: torch.from_numpy(v.copy()) for k, v in stats.state_dict().items()},
+        }
 
     try:
         while run.global_step < cfg.total_timesteps:
@@ -150,9 +185,12 @@ def train(
                             else:
                                 target.lerp_(online, cfg.tau)
 
-            # -- log -------------------------------------------------------------------
+            # -- log, checkpoint ---------------------------------------------------------
             if run.log_due():
                 run.log_scalars({**metrics, "charts/epsilon": epsilon})
+            if run.checkpoint_due(before):
+                run.save_checkpoint(snapshot())
+            run.stop_if_asked(snapshot)
             if on_step is not None:
                 on_step(
                     {
@@ -163,7 +201,7 @@ def train(
                         "buffer": buffer,
                     }
                 )
+        return run.finish(q_network, snapshot())
     finally:
         envs.close()
         run.close()
-    return run.finish(q_network)

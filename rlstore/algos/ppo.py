@@ -59,17 +59,33 @@ def ppo_loss(
     }
 
 
-def train(cfg: PPOConfig, preset: Path | None = None) -> TrainResult:
-    """Train PPO as configured; returns the run's result (run dir, episode returns, model)."""
+def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None) -> TrainResult:
+    """Train PPO as configured, or continue the run in `resume` from its newest checkpoint.
+
+    Returns the run's result (run dir, episode returns, model).
+    """
     # -- build ---------------------------------------------------------------------------
     device = prepare(cfg)
     setup = OnPolicySetup(cfg, device)
-    run = Run(cfg, "ppo", device, preset)
     agent, storage = setup.agent, setup.storage
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    run = Run(cfg, "ppo", device, preset, resume, setup.policy_info())
+    if run.resumed is not None:
+        agent.load_state_dict(run.resumed["model"])
+        optimizer.load_state_dict(run.resumed["optimizer"])
+        setup.load_state_dict(run.resumed, cfg.seed)
+    run.restore_rng()
+
+    def snapshot() -> dict:
+        return {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            **setup.state_dict(),
+        }
 
     try:
-        for iteration in range(cfg.num_iterations):
+        for iteration in range(run.global_step // cfg.batch_size, cfg.num_iterations):
+            before = run.global_step
             lr = cfg.learning_rate
             if cfg.anneal_lr:
                 lr = linear_schedule(cfg.learning_rate, 0.0, cfg.num_iterations, iteration)
@@ -91,7 +107,7 @@ def train(cfg: PPOConfig, preset: Path | None = None) -> TrainResult:
                 if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
                     break
 
-            # -- log -----------------------------------------------------------------------
+            # -- log, checkpoint -----------------------------------------------------------
             if run.log_due():
                 data = storage.flatten()
                 losses.pop("loss")
@@ -101,7 +117,10 @@ def train(cfg: PPOConfig, preset: Path | None = None) -> TrainResult:
                 losses["charts/learning_rate"] = lr
                 run.log_scalars(losses)
             storage.after_update()
+            if run.checkpoint_due(before):
+                run.save_checkpoint(snapshot())
+            run.stop_if_asked(snapshot)
+        return run.finish(agent, snapshot())
     finally:
         setup.envs.close()
         run.close()
-    return run.finish(agent)

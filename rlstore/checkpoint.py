@@ -1,0 +1,211 @@
+"""Checkpoint files: atomic writes, the newest valid one, RNG and environment state.
+
+A checkpoint is a dict of tensors and plain values written with torch.save and read with
+torch.load(weights_only=True): loading executes no code. numpy arrays are stored as
+tensors for that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary file in the same folder, flush, fsync, then rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def safe_load(path: str | Path) -> Any:
+    """torch.load without executing code; a clear ValueError when the file is not readable."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, garbage or foreign files all land here
+        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a readable checkpoint ({reason})") from None
+
+
+def checkpoint_files(directory: Path) -> list[Path]:
+    """step_*.pt files in `directory`, newest (highest step) first."""
+    if not directory.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_NAME.match(p.name))
+    ]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def load_newest_valid(directory: Path, required: tuple[str, ...]) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads and holds `required` keys; skipped ones are reported."""
+    for path in checkpoint_files(directory):
+        try:
+            state = safe_load(path)
+            if not isinstance(state, dict) or not all(k in state for k in required):
+                raise ValueError(f"{path} is not an rlstore checkpoint (keys missing)")
+            return path, state
+        except ValueError as e:
+            print(f"rlstore: warning: skipping {e}", file=sys.stderr)
+    return None
+
+
+# -- random number generators ----------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch global RNG states (CUDA too when present)."""
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            **np_state,
+            "state": {
+                **np_state["state"],
+                "key": torch.from_numpy(np_state["state"]["key"].copy()),
+            },
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    np_state = state["numpy"]
+    np.random.set_state(
+        {**np_state, "state": {**np_state["state"], "key": np_state["state"]["key"].numpy()}}
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# -- environment state -------------------------------------------------------------------------
+
+# Envs whose whole state is plain attributes (numbers, arrays, generators): these resume
+# exactly. Others (Box2D, MuJoCo, Atari, async workers) resume with freshly reset envs.
+SAVEABLE_ENVS = (
+    "CartPoleEnv",
+    "CartPoleVectorEnv",
+    "AcrobotEnv",
+    "MountainCarEnv",
+    "Continuous_MountainCarEnv",
+    "PendulumEnv",
+)
+_SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens", "env_fns"}
+
+
+def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
+    """The vector env's full state, or None when it cannot be captured exactly."""
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        return None
+    if isinstance(envs, gym.vector.SyncVectorEnv):
+        subs = [_env_chain(env) for env in envs.envs]
+        if any(s is None for s in subs):
+            return None
+        return {"vector": _attributes(envs), "envs": subs}
+    if type(envs).__name__ not in SAVEABLE_ENVS:
+        return None
+    return {"vector": _attributes(envs), "envs": []}
+
+
+def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
+    _restore(envs, state["vector"])
+    if state["envs"]:
+        for env, chain in zip(envs.envs, state["envs"], strict=True):
+            layer = env
+            for attributes in chain:
+                _restore(layer, attributes)
+                layer = getattr(layer, "env", None)
+
+
+def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:
+    """Attributes of each wrapper layer down to the base env, or None if not saveable."""
+    if type(env.unwrapped).__name__ not in SAVEABLE_ENVS:
+        return None
+    chain, layer = [], env
+    while layer is not None:
+        chain.append(_attributes(layer))
+        layer = getattr(layer, "env", None) if isinstance(layer, gym.Wrapper) else None
+    return chain
+
+
+def _attributes(obj: Any) -> dict[str, Any]:
+    out = {}
+    for name, value in vars(obj).items():
+        if name in _SKIP or name == "env" or name == "envs":
+            continue
+        converted = _plain(value)
+        if converted is not _UNSAVED:
+            out[name] = converted
+    return out
+
+
+_UNSAVED = object()
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy()) if value.dtype != object else _UNSAVED
+    if isinstance(value, np.random.Generator):
+        return {"__generator__": value.bit_generator.state}
+    if isinstance(value, gym.Space):
+        rng = value._np_random
+        return {"__space__": None if rng is None else rng.bit_generator.state}
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return _UNSAVED if any(v is _UNSAVED for v in items) else type(value)(items)
+    return _UNSAVED
+
+
+def _restore(obj: Any, attributes: dict[str, Any]) -> None:
+    for name, value in attributes.items():
+        current = getattr(obj, name, None)
+        setattr(obj, name, _unplain(value, current))
+
+
+def _unplain(value: Any, current: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.numpy().copy()
+    if isinstance(value, dict) and "__generator__" in value:
+        generator = current if isinstance(current, np.random.Generator) else np.random.default_rng()
+        generator.bit_generator.state = value["__generator__"]
+        return generator
+    if isinstance(value, dict) and "__space__" in value:
+        if value["__space__"] is not None:
+            current.np_random.bit_generator.state = value["__space__"]
+        return current
+    if isinstance(value, (list, tuple)):
+        items = current if isinstance(current, (list, tuple)) else [None] * len(value)
+        return type(value)(_unplain(v, c) for v, c in zip(value, items, strict=False))
+    return value

@@ -1,0 +1,153 @@
+"""Saved policies and their evaluation: `rlstore.load_policy(path)` and `rlstore eval`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlstore.checkpoint import checkpoint_files, safe_load
+from rlstore.config import UsageError
+from rlstore.networks import ActorCritic, QNetwork
+from rlstore.run import POLICY_FORMAT
+
+
+class Policy:
+    """A trained policy: maps observations (one, or a batch) to actions as numpy arrays."""
+
+    def __init__(self, network: torch.nn.Module, info: dict[str, Any], record: dict[str, Any]):
+        self.network = network.eval()
+        self.info, self.algo, self.env_id = info, record["algo"], record["env_id"]
+        self.config = record.get("config", {})
+        self.global_step = record.get("global_step", 0)
+        self.obs_shape = tuple(info["obs_shape"])
+
+    @torch.inference_mode()
+    def __call__(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        obs = np.asarray(obs)
+        single = obs.shape == self.obs_shape
+        x = torch.as_tensor(obs[None] if single else obs)
+        if isinstance(self.network, QNetwork):  # greedy: DQN acts on argmax Q
+            action = self.network(x).argmax(-1)
+        elif deterministic:
+            action = self.network.deterministic_action(x)
+        else:
+            action = self.network.act(x)[0]
+        action = action.numpy()
+        if self.info.get("continuous"):
+            action = np.clip(action, self.info["action_low"], self.info["action_high"])
+        return action[0] if single else action
+
+
+def _network(info: dict[str, Any]) -> torch.nn.Module:
+    obs_dim = int(np.prod(info["obs_shape"]))
+    if info["network"] == "q_network":
+        return QNetwork(obs_dim, info["action_dim"], dueling=info["dueling"])
+    return ActorCritic(obs_dim, info["action_dim"], continuous=info["continuous"])
+
+
+def load_policy(path: str | Path) -> Policy:
+    """The policy in a model file, a run directory (its model.pt) or a checkpoint file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.pt"
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist")
+    try:
+        record = safe_load(path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not isinstance(record, dict) or "policy" not in record:
+        raise UsageError(f"{path} is neither an rlstore model nor a checkpoint")
+    if record.get("format") == POLICY_FORMAT:
+        state_dict = record["state_dict"]
+    else:  # a checkpoint: the config lives in the run directory
+        state_dict = record["algorithm"]["model"]
+        config = path.parent.parent / "config.json"
+        record = {**record, "config": json.loads(config.read_text()) if config.is_file() else {}}
+    network = _network(record["policy"])
+    network.load_state_dict(state_dict)
+    return Policy(network, record["policy"], record)
+
+
+def evaluate(
+    run_dir: str | Path,
+    episodes: int = 10,
+    deterministic: bool = False,
+    video: bool = False,
+    checkpoint: str | Path | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Roll out the run's policy for `episodes` episodes; write eval.json and eval scalars."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run directory (it has no config.json)")
+    if episodes < 1:
+        raise UsageError(f"--episodes must be at least 1 (got {episodes})")
+    source = Path(checkpoint) if checkpoint else run_dir / "model.pt"
+    if not source.is_file():
+        newest = checkpoint_files(run_dir / "checkpoints")
+        offer = f"; evaluate the newest checkpoint with --checkpoint {newest[0]}" if newest else ""
+        raise UsageError(f"{run_dir} has no final model (training did not finish){offer}")
+    policy = load_policy(source)
+    cfg = policy.config
+    env_kwargs = {}
+    if cfg.get("max_episode_steps"):
+        env_kwargs["max_episode_steps"] = cfg["max_episode_steps"]
+    if video:
+        try:
+            import moviepy  # noqa: F401  (RecordVideo's writer)
+        except ImportError:
+            raise UsageError(
+                "--video needs moviepy: pip install 'rlstore[video]' (or pip install moviepy)"
+            ) from None
+        env = gym.make(policy.env_id, render_mode="rgb_array", **env_kwargs)
+        env = gym.wrappers.RecordVideo(
+            env, str(run_dir / "videos"), episode_trigger=lambda e: e == 0, disable_logger=True
+        )
+    else:
+        env = gym.make(policy.env_id, **env_kwargs)
+    seed = cfg.get("seed", 0) + 10_000 if seed is None else seed  # not the training envs' seeds
+    returns, lengths = [], []
+    torch.manual_seed(seed)
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, length, done = 0.0, 0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy(obs, deterministic))
+            total, length = total + float(reward), length + 1
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(length)
+    env.close()
+    result = {
+        "episodes": episodes,
+        "deterministic": deterministic,
+        "model": str(source),
+        "global_step": policy.global_step,
+        "mean_return": float(np.mean(returns)),
+        "std_return": float(np.std(returns)),
+        "mean_length": float(np.mean(lengths)),
+        "std_length": float(np.std(lengths)),
+        "returns": returns,
+        "lengths": lengths,
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    if cfg.get("track_tensorboard", True):
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(str(run_dir)) as writer:
+            writer.add_scalar("eval/episodic_return", result["mean_return"], policy.global_step)
+            writer.add_scalar("eval/episodic_length", result["mean_length"], policy.global_step)
+    print(
+        f"eval {policy.algo} {policy.env_id} ({episodes} episodes, "
+        f"{'deterministic' if deterministic else 'stochastic'}): "
+        f"return {result['mean_return']:.1f} +- {result['std_return']:.1f}, "
+        f"length {result['mean_length']:.1f} +- {result['std_length']:.1f}"
+        + (f"; video in {run_dir / 'videos'}" if video else "")
+    )
+    return result

@@ -1,0 +1,267 @@
+"""Checkpoints and resume: bitwise-exact resume, atomic writes, bad files, signals, eval."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rlstore
+from rlstore.algos import a2c, dqn, ppo
+from rlstore.checkpoint import checkpoint_files, env_state, load_env_state
+from rlstore.cli import main
+from rlstore.config import A2CConfig, DQNConfig, PPOConfig, TrainingInterrupted
+from rlstore.envs import make_vec_env
+
+COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
+SETUPS = {
+    "ppo": (ppo, PPOConfig(total_timesteps=8 * 256, num_steps=64, checkpoint_every=768, **COMMON)),
+    "a2c": (a2c, A2CConfig(total_timesteps=3000, checkpoint_every=1000, **COMMON)),
+    "dqn": (dqn, DQNConfig(total_timesteps=2500, learning_starts=400, buffer_size=500,
+                           batch_size=32, target_network_frequency=200, n_step=3,
+                           prioritized=True, num_envs=2, checkpoint_every=1000, **COMMON)),
+}  # fmt: skip
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same_params(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def replace(cfg, **changes):
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
+def test_resume_from_a_middle_checkpoint_is_bitwise_identical(algo, tmp_path):
+    module, cfg = SETUPS[algo]
+    cfg = replace(cfg, logdir=str(tmp_path))
+    full = module.train(cfg)
+    saved = checkpoint_files(full.run_dir / "checkpoints")
+    assert len(saved) >= 3
+    middle = saved[len(saved) // 2]
+    for later in saved[: len(saved) // 2]:  # as if the run had died after `middle`
+        later.unlink()
+    (full.run_dir / "model.pt").unlink()
+    resumed = module.train(cfg, resume=full.run_dir)
+    assert resumed.global_step == full.global_step
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+    assert int(middle.name[5:-3]) < full.global_step
+
+
+def test_interrupted_dqn_resumes_to_the_same_run(tmp_path):
+    """SIGINT mid-run (in-process): a checkpoint at the next step, then resume to the end."""
+    _, cfg = SETUPS["dqn"]
+    cfg = replace(cfg, logdir=str(tmp_path), checkpoint_every=0)
+    full = dqn.train(replace(cfg, logdir=str(tmp_path / "full")))
+
+    def interrupt(state):
+        if state["global_step"] == 1500:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted) as info:
+        dqn.train(cfg, on_step=interrupt)
+    assert info.value.exit_code == 130
+    (run_dir,) = Path(tmp_path).glob("CartPole-v1__dqn__*")
+    # the signal lands after step 1500; the loop stops at the next boundary (2 envs: 1502)
+    assert [p.name for p in checkpoint_files(run_dir / "checkpoints")] == ["step_000000001502.pt"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers given back
+    resumed = dqn.train(cfg, resume=run_dir)
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+
+
+def test_resume_appends_to_the_same_tensorboard_run(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), track_tensorboard=True)
+    full = ppo.train(cfg)
+    for later in checkpoint_files(full.run_dir / "checkpoints")[:2]:
+        later.unlink()
+    # TensorBoard reads event files in name order and names start with the unix second; a
+    # real resume is a later process, so let this in-process one start in a later second.
+    time.sleep(1.1)
+    ppo.train(cfg, resume=full.run_dir)
+    assert len(list(Path(tmp_path).iterdir())) == 1  # the same run directory
+    events = EventAccumulator(str(full.run_dir))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("charts/SPS")]
+    assert steps == sorted(set(steps))  # no split, no duplicated points
+    assert steps[-1] == full.global_step
+
+
+def test_broken_and_garbage_checkpoints_fall_back_to_the_newest_valid(tmp_path, capsys):
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path))
+    full = ppo.train(cfg)
+    folder = full.run_dir / "checkpoints"
+    newest, previous = checkpoint_files(folder)[:2]
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])  # a truncated file
+    (folder / f"step_{10**9:012d}.pt").write_bytes(b"garbage, not a checkpoint")
+    (folder / f".step_{10**10:012d}.pt.x1.tmp").write_bytes(data[:100])  # a killed writer
+    capsys.readouterr()
+    resumed = ppo.train(cfg, resume=full.run_dir)
+    err = capsys.readouterr()
+    assert err.err.count("warning: skipping") == 2 and "not a readable checkpoint" in err.err
+    assert f"resuming from {previous}" in err.out
+    assert same_params(params(resumed.model), params(full.model))
+
+
+def test_atomic_write_killed_midway_leaves_previous_checkpoint(tmp_path):
+    from rlstore.checkpoint import atomic_save, safe_load
+
+    path = tmp_path / "step_000000000001.pt"
+    atomic_save({"a": torch.ones(3)}, path)
+
+    class Boom(Exception):
+        pass
+
+    class Exploding:
+        def __reduce__(self):
+            raise Boom
+
+    with pytest.raises(Boom):
+        atomic_save({"a": torch.zeros(3), "b": Exploding()}, path)
+    assert torch.equal(safe_load(path)["a"], torch.ones(3))
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_checkpoint_of_another_algorithm_or_env_is_refused(tmp_path, capsys):
+    _, ppo_cfg = SETUPS["ppo"]
+    ppo_run = ppo.train(replace(ppo_cfg, logdir=str(tmp_path / "p"))).run_dir
+    _, dqn_cfg = SETUPS["dqn"]
+    dqn_run = dqn.train(replace(dqn_cfg, logdir=str(tmp_path / "d"))).run_dir
+    newest = checkpoint_files(dqn_run / "checkpoints")[0]
+    shutil.copy(newest, ppo_run / "checkpoints" / f"step_{10**9:012d}.pt")
+    assert main(["resume", str(ppo_run), "--total-timesteps", str(10**9)]) == 2
+    assert "is a checkpoint of dqn on CartPole-v1, not of ppo" in capsys.readouterr().err
+
+
+def test_resume_bad_input(tmp_path, capsys):
+    assert main(["resume", str(tmp_path)]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    assert main(["resume", str(run_dir), "--total-timesteps", "1024"]) == 2
+    assert "smaller than the 2048 steps already done" in capsys.readouterr().err
+    shutil.rmtree(run_dir / "checkpoints")
+    assert main(["resume", str(run_dir)]) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+    assert main(["train", "ppo", "--resume", str(run_dir)]) == 2
+    assert "use `rlstore resume" in capsys.readouterr().err
+
+
+def test_env_state_round_trip_is_exact():
+    for env_id, vectorization in [("CartPole-v1", "native"), ("Acrobot-v1", "sync")]:
+        envs = make_vec_env(env_id, 3, seed=0, vectorization=vectorization, max_episode_steps=20)
+        envs.reset(seed=0)
+        for _ in range(25):
+            envs.step(envs.action_space.sample())
+        state = env_state(envs)
+        first = [envs.step(envs.action_space.sample())[:4] for _ in range(30)]
+        other = make_vec_env(env_id, 3, seed=9, vectorization=vectorization, max_episode_steps=20)
+        other.reset(seed=9)
+        load_env_state(other, state)
+        second = [other.step(other.action_space.sample())[:4] for _ in range(30)]
+        for a, b in zip(first, second):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_unsaveable_envs_resume_fresh_with_one_line(tmp_path, capsys):
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), vectorization="async", num_envs=2, num_steps=64,
+                  total_timesteps=1024, checkpoint_every=512)  # fmt: skip
+    run = ppo.train(cfg)
+    checkpoint_files(run.run_dir / "checkpoints")[0].unlink()
+    capsys.readouterr()
+    ppo.train(cfg, resume=run.run_dir)
+    assert "cannot be saved; resuming with freshly reset envs" in capsys.readouterr().err
+
+
+def test_sigint_and_sigterm_write_a_checkpoint_and_exit_130_143(tmp_path):
+    for signum, code in [(signal.SIGINT, 130), (signal.SIGTERM, 143)]:
+        logdir = tmp_path / str(signum)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlstore", "train", "ppo", "--total-timesteps", "10000000",
+             "--checkpoint-every", "0", "--logdir", str(logdir), "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.time() + 120
+        while not list(logdir.glob("*/events.out.tfevents.*")) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, err
+        assert "Traceback" not in err
+        (run_dir,) = logdir.iterdir()
+        assert len(checkpoint_files(run_dir / "checkpoints")) == 1
+
+
+def test_eval_and_load_policy(tmp_path, capsys):
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path), track_tensorboard=True)).run_dir
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "3", "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    assert "eval ppo CartPole-v1 (3 episodes, deterministic): return" in out and "+-" in out
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert len(result["returns"]) == 3 and result["mean_return"] == np.mean(result["returns"])
+    assert all(length <= 60 for length in result["lengths"])  # the run's own time limit
+    policy = rlstore.load_policy(run_dir)
+    obs = np.zeros((5, 4), np.float32)
+    actions = policy(obs)
+    assert actions.shape == (5,) and set(actions.tolist()) <= {0, 1}
+    assert policy(obs[0]).shape == ()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert "eval/episodic_return" in events.Tags()["scalars"]
+
+
+def test_eval_dqn_and_continuous_policies(tmp_path):
+    _, cfg = SETUPS["dqn"]
+    run_dir = dqn.train(replace(cfg, logdir=str(tmp_path / "d"))).run_dir
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    run_dir = ppo.train(PPOConfig(env_id="Pendulum-v1", total_timesteps=512, num_steps=64,
+                                  logdir=str(tmp_path / "p"), **COMMON)).run_dir  # fmt: skip
+    policy = rlstore.load_policy(run_dir / "model.pt")
+    actions = policy(np.zeros((64, 3), np.float32), deterministic=False)
+    assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)  # clipped to the env
+    assert main(["eval", str(run_dir), "--episodes", "1"]) == 0
+
+
+def test_eval_bad_input(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    (run_dir / "model.pt").unlink()
+    assert main(["eval", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "has no final model" in err and "--checkpoint" in err and err.count("\n") == 1
+    newest = checkpoint_files(run_dir / "checkpoints")[0]
+    assert main(["eval", str(run_dir), "--checkpoint", str(newest), "--episodes", "1"]) == 0
+    if shutil.which("ffmpeg") is None:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            assert main(["eval", str(run_dir), "--checkpoint", str(newest), "--video"]) == 2
+            assert "rlstore[video]" in capsys.readouterr().err
