@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,7 @@ def evaluate(
             raise UsageError(
                 "--video needs moviepy: pip install 'rlstore[video]' (or pip install moviepy)"
             ) from None
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
         env = gym.make(policy.env_id, render_mode="rgb_array", **env_kwargs)
         env = gym.wrappers.RecordVideo(
             env, str(run_dir / "videos"), episode_trigger=lambda e: e == 0, disable_logger=True

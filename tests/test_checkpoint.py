@@ -265,3 +265,12 @@ def test_eval_bad_input(tmp_path, capsys):
         except ImportError:
             assert main(["eval", str(run_dir), "--checkpoint", str(newest), "--video"]) == 2
             assert "rlstore[video]" in capsys.readouterr().err
+
+
+def test_eval_records_a_video_when_moviepy_is_installed(tmp_path):
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0
+    assert list((run_dir / "videos").glob("*.mp4"))

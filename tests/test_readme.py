@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_readme_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     readme = (ROOT / "README.md").read_text()
-    rollout, replay = re.findall(r"```python\n(.*?)```", readme, re.S)
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    rollout = next(b for b in blocks if "RolloutStorage(" in b)
+    replay = next(b for b in blocks if "ReplayBuffer(" in b)
     namespace: dict = {}
     exec(compile(rollout, "README.md", "exec"), namespace)
     assert namespace["storage"].step == 0 and namespace["data"]["advantages"].ndim == 1
