@@ -7,6 +7,7 @@ import math
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -16,6 +17,20 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
     return layer
+
+
+def linear_layers(net: nn.Sequential) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """(weight, bias) of each Linear in `net`, for calls that skip nn.Module dispatch."""
+    return [(m.weight, m.bias) for m in net if isinstance(m, nn.Linear)]
+
+
+def run_mlp(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor, act) -> torch.Tensor:
+    """The same arithmetic as the nn.Sequential, without its per-module Python overhead
+    (which costs more than the matrix products at these sizes)."""
+    for weight, bias in layers[:-1]:
+        x = act(F.linear(x, weight, bias))
+    weight, bias = layers[-1]
+    return F.linear(x, weight, bias)
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
@@ -51,6 +66,7 @@ class ActorCritic(nn.Module):
         self.actor = mlp(obs_dim, hidden, action_dim, out_std=0.01)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+        self._actor, self._critic = linear_layers(self.actor), linear_layers(self.critic)
 
     @staticmethod
     def _features(obs: torch.Tensor) -> torch.Tensor:
@@ -58,12 +74,12 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """V(obs), shape (batch,)."""
-        return self.critic(self._features(obs)).squeeze(-1)
+        return run_mlp(self._critic, self._features(obs), torch.tanh).squeeze(-1)
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions; returns (action, log_prob, value)."""
         x = self._features(obs)
-        out = self.actor(x)
+        out = run_mlp(self._actor, x, torch.tanh)
         if self.continuous:
             std = self.actor_logstd.exp()
             noise = torch.randn_like(out)
@@ -71,17 +87,20 @@ class ActorCritic(nn.Module):
             log_prob = (-0.5 * noise.square() - self.actor_logstd - LOG_SQRT_2PI).sum(-1)
         else:
             log_probs = out.log_softmax(-1)
-            action = torch.multinomial(log_probs.exp(), 1)
+            # Inverse-CDF sampling: the first action whose cumulative probability exceeds u.
+            u = torch.rand(out.shape[0], 1, device=out.device)
+            below = (log_probs.exp().cumsum(-1) < u).sum(-1, keepdim=True)
+            action = below.clamp_(max=out.shape[-1] - 1)  # u above a rounded-down total
             log_prob = log_probs.gather(-1, action).squeeze(-1)
             action = action.squeeze(-1)
-        return action, log_prob, self.critic(x).squeeze(-1)
+        return action, log_prob, run_mlp(self._critic, x, torch.tanh).squeeze(-1)
 
     def evaluate(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log_prob of `action`, entropy, value) under the current parameters."""
         x = self._features(obs)
-        out = self.actor(x)
+        out = run_mlp(self._actor, x, torch.tanh)
         if self.continuous:
             logstd = self.actor_logstd.expand_as(out)
             z = (action - out) / logstd.exp()
@@ -91,7 +110,7 @@ class ActorCritic(nn.Module):
             log_probs = out.log_softmax(-1)
             log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return log_prob, entropy, self.critic(x).squeeze(-1)
+        return log_prob, entropy, run_mlp(self._critic, x, torch.tanh).squeeze(-1)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The mode of the policy: argmax logits, or the Gaussian mean."""

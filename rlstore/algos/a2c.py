@@ -49,7 +49,11 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
     setup = OnPolicySetup(cfg, device)
     agent, storage = setup.agent, setup.storage
     optimizer = torch.optim.RMSprop(
-        agent.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps
+        agent.parameters(),
+        lr=cfg.learning_rate,
+        alpha=cfg.rmsprop_alpha,
+        eps=cfg.rmsprop_eps,
+        foreach=True,
     )
     run = Run(cfg, "a2c", device, preset, resume, setup.policy_info())
     if run.resumed is not None:
@@ -83,7 +87,7 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
             losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
             optimizer.zero_grad(set_to_none=True)
             losses.pop("loss").backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
             optimizer.step()
 
             # -- log, checkpoint -----------------------------------------------------------

@@ -86,7 +86,7 @@ def train(
     num_actions = int(action_space.n)
     q_network = QNetwork(int(np.prod(obs_space.shape)), num_actions, dueling=cfg.dueling).to(device)
     target_network = copy.deepcopy(q_network)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     buffer = ReplayBuffer(
         cfg.buffer_size,
         cfg.num_envs,
@@ -170,7 +170,9 @@ def train(
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if cfg.max_grad_norm is not None:
-                        nn.utils.clip_grad_norm_(q_network.parameters(), cfg.max_grad_norm)
+                        nn.utils.clip_grad_norm_(
+                            q_network.parameters(), cfg.max_grad_norm, foreach=True
+                        )
                     optimizer.step()
                     if cfg.prioritized:
                         buffer.update_priorities(batch.indices, td_error)

@@ -275,8 +275,9 @@ class RolloutStorage:
 
 def checked(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """x as a tensor after checking its shape and that its dtype fits `dtype` losslessly."""
-    x = torch.as_tensor(x)
-    if tuple(x.shape) != tuple(shape):
+    if not isinstance(x, torch.Tensor):
+        x = torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.as_tensor(x)
+    if x.shape != shape:
         raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
     if x.dtype != dtype and not _fits(x.dtype, dtype):
         raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
