@@ -151,11 +151,13 @@ class QNetwork(nn.Module):
         self.advantage = nn.Linear(in_dim, num_actions)
         if dueling:
             self.value = nn.Linear(in_dim, 1)
+        self._layers = [*linear_layers(self.body), (self.advantage.weight, self.advantage.bias)]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values, shape (batch, num_actions)."""
-        x = self.body(obs.reshape(obs.shape[0], -1).float())
+        x = obs.reshape(obs.shape[0], -1).float()
         if not self.dueling:
-            return self.advantage(x)
+            return run_mlp(self._layers, x, torch.relu)
+        x = self.body(x)
         advantage = self.advantage(x)
         return self.value(x) + advantage - advantage.mean(-1, keepdim=True)

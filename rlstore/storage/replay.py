@@ -234,7 +234,6 @@ class ReplayBuffer:
         """
         if len(self) == 0:
             raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
-        N = self.num_envs
         if self.tree is not None:
             total = self.tree.total
             mass = (np.arange(batch_size) + self.generator.random(batch_size)) * (
@@ -243,47 +242,52 @@ class ReplayBuffer:
             flat = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
             probs = self.tree.leaves[flat] / total
             weights = (len(self) * probs) ** -beta
-            weights = torch.as_tensor(weights / weights.max(), dtype=torch.float32)
+            weights = torch.as_tensor(
+                weights / weights.max(), dtype=torch.float32, device=self.device
+            )
         else:
             valid_flat = np.flatnonzero(self.valid.reshape(-1).cpu().numpy())
             flat = valid_flat[self.generator.integers(0, len(valid_flat), batch_size)]
-            weights = torch.ones(batch_size)
+            weights = torch.ones(batch_size, device=self.device)
         index = torch.as_tensor(flat, device=self.device)
-        rows, envs = index // N, index % N
-        rewards, discounts, terminated, end = self._n_step(rows, envs)
+        rewards, discounts, terminated, next_index = self._n_step(index)
+        flat_obs = self.obs.view(-1, *self.obs_shape)  # flat (row * N + env) indexing is fast
         batch = ReplayBatch(
-            obs=self.obs[rows, envs],
-            actions=self.actions[rows, envs],
+            obs=flat_obs[index],
+            actions=self.actions.view(-1, *self.action_shape)[index],
             rewards=rewards,
-            next_obs=self.obs[end, envs],
+            next_obs=flat_obs[next_index],
             terminated=terminated,
             discounts=discounts,
-            weights=weights.to(self.device),
+            weights=weights,
             indices=index,
         )
-        return ReplayBatch(*(x.to(self.sample_device) for x in batch))
+        return ReplayBatch(*(x.to(self.sample_device, non_blocking=True) for x in batch))
 
-    def _n_step(self, rows: torch.Tensor, envs: torch.Tensor):
-        """Discounted reward sums over windows of up to n steps from (rows, envs).
+    def _n_step(self, index: torch.Tensor):
+        """Discounted reward sums over windows of up to n steps from flat slots `index`.
 
         A window stops after its first done or at the newest row. Returns the sums, gamma^k,
-        whether the window ended by termination, and the row of the bootstrap observation.
+        whether the window ended by termination, and the flat slot of the bootstrap obs.
         """
-        returns = torch.zeros(len(rows), device=self.device)
-        discount = torch.ones(len(rows), device=self.device)
-        open_ = torch.ones(len(rows), dtype=torch.bool, device=self.device)
-        terminated = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
-        end = rows.clone()
-        for k in range(self.n_step):
-            row = (rows + k) % self.rows
-            if k:  # invalid rows end the window: the cursor row, pseudo-steps and breaks
-                open_ = open_ & self.valid[row, envs]
-            returns += open_ * discount * self.rewards[row, envs]
+        size = self.rows * self.num_envs  # stepping one row ahead is + num_envs, mod size
+        rewards, valid = self.rewards.view(-1), self.valid.view(-1)
+        terminated_flags, truncated_flags = self.terminated.view(-1), self.truncated.view(-1)
+        returns = rewards[index].clone()
+        discount = torch.full_like(returns, self.gamma)
+        terminated = terminated_flags[index].clone()
+        open_ = ~(terminated | truncated_flags[index])
+        end = (index + self.num_envs) % size
+        for _ in range(1, self.n_step):
+            slot = end
+            # invalid rows end the window: the cursor row, pseudo-steps and breaks
+            open_ = open_ & valid[slot]
+            returns += open_ * discount * rewards[slot]
             discount = torch.where(open_, discount * self.gamma, discount)
-            end = torch.where(open_, (row + 1) % self.rows, end)
-            term, trunc = self.terminated[row, envs], self.truncated[row, envs]
+            end = torch.where(open_, (slot + self.num_envs) % size, end)
+            term = terminated_flags[slot]
             terminated |= open_ & term
-            open_ = open_ & ~(term | trunc)
+            open_ = open_ & ~(term | truncated_flags[slot])
         return returns, discount, terminated, end
 
     def update_priorities(self, indices: Array, td_errors: Array) -> None:
