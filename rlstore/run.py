@@ -129,6 +129,7 @@ class TrainResult:
     episode_returns: list[float]
     episode_lengths: list[int]
     episode_steps: list[int]  # global step at which each episode ended
+    episode_times: list[float]  # unix time at which each episode ended (this process only)
     model: torch.nn.Module
 
     start_step: int = 0  # > 0 when the run was resumed
@@ -170,6 +171,7 @@ class Run:
         self.episode_returns: list[float] = []
         self.episode_lengths: list[int] = []
         self.episode_steps: list[int] = []
+        self.episode_times: list[float] = []
         self.recent_returns: deque[float] = deque(maxlen=20)
         self.resumed: dict[str, Any] | None = None
         if resume_dir is None:
@@ -280,10 +282,12 @@ class Run:
     # -- logging ------------------------------------------------------------------------------
 
     def log_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        now = time.time()
         for ret, length in zip(returns.tolist(), lengths.tolist(), strict=True):
             self.episode_returns.append(ret)
             self.episode_lengths.append(length)
             self.episode_steps.append(self.global_step)
+            self.episode_times.append(now)
             self.recent_returns.append(ret)
             if self.writer is not None:
                 self.writer.add_scalar("charts/episodic_return", ret, self.global_step)
@@ -349,6 +353,7 @@ class Run:
             self.episode_returns,
             self.episode_lengths,
             self.episode_steps,
+            self.episode_times,
             model,
             self.start_step,
         )

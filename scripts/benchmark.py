@@ -1,0 +1,321 @@
+"""rlstore against stable-baselines3, side by side in one command, on CartPole-v1.
+
+    pip install -e ".[bench]"
+    python scripts/benchmark.py                        # PPO and DQN, seeds 1-3
+    python scripts/benchmark.py --algos ppo --seeds 1 --ppo-steps 100000
+
+Each run is its own process (so imports and start-up count), runs alternate between the
+two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
+from launch until the mean return of the last 20 episodes first reaches 475 ('-' if it does
+not within the budget), and peak RSS. Then the ratios rlstore / SB3 (medians), and the floor
+of the PPO batch shape: raw env step time and policy forward time, against which rlstore's
+collect loop is compared. Writes docs/benchmark.json and docs/benchmark.md.
+
+Hyperparameters match: PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
+minibatches, lr 2.5e-4 annealed, clip 0.2 with value clipping, 64-64 tanh actor and critic,
+Adam eps 1e-5); DQN with the classic CartPole reference (120-84 ReLU, buffer 10k, batch 128,
+train every 10 steps, target every 500, epsilon 1 -> 0.05 over half) and SB3's Huber loss on
+both sides (SB3 has no MSE option); SB3's DQN gradient clipping is switched off as rlstore's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WINDOW, THRESHOLD = 20, 475.0
+
+
+def first_reach(returns: list[float], times: list[float]) -> float | None:
+    for i in range(WINDOW - 1, len(returns)):
+        if sum(returns[i - WINDOW + 1 : i + 1]) / WINDOW >= THRESHOLD:
+            return times[i]
+    return None
+
+
+# -- children: one training run each, printing one JSON line -----------------------------------
+
+
+def child_rlstore(algo: str, seed: int, steps: int, launch: float) -> dict:
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(1)
+    from rlstore.cli import parse_train
+
+    with tempfile.TemporaryDirectory() as logdir:
+        flags = [
+            algo,
+            "--env",
+            "CartPole-v1",
+            "--seed",
+            str(seed),
+            "--total-timesteps",
+            str(steps),
+            "--logdir",
+            logdir,
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--checkpoint-every",
+            "0",
+        ]
+        if algo == "dqn":
+            flags += ["--loss", "huber"]
+        _, cfg, preset = parse_train(flags)
+        module = __import__(f"rlstore.algos.{algo}", fromlist=["train"])
+        result = module.train(cfg, preset)
+    reach = first_reach(result.episode_returns, result.episode_times)
+    return {"sps": result.sps, "to_475_s": None if reach is None else reach - launch}
+
+
+def child_sb3(algo: str, seed: int, steps: int, launch: float) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    class Watch(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.returns, self.times = [], []
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(info["episode"]["r"])
+                    self.times.append(time.time())
+            return True
+
+    watch = Watch()
+    if algo == "ppo":
+        envs = make_vec_env("CartPole-v1", n_envs=4, seed=seed)
+        model = PPO(
+            "MlpPolicy",
+            envs,
+            n_steps=128,
+            batch_size=128,
+            n_epochs=4,
+            learning_rate=lambda f: 2.5e-4 * f,
+            gamma=0.99,
+            gae_lambda=0.95,
+            clip_range=0.2,
+            clip_range_vf=0.2,
+            ent_coef=0.01,
+            vf_coef=0.5,
+            max_grad_norm=0.5,
+            seed=seed,
+            device="cpu",
+        )
+    else:
+        envs = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+        model = DQN(
+            "MlpPolicy",
+            envs,
+            learning_rate=2.5e-4,
+            buffer_size=10_000,
+            learning_starts=10_000,
+            batch_size=128,
+            tau=1.0,
+            gamma=0.99,
+            train_freq=10,
+            gradient_steps=1,
+            target_update_interval=500,
+            exploration_fraction=0.5,
+            exploration_initial_eps=1.0,
+            exploration_final_eps=0.05,
+            max_grad_norm=1e10,
+            policy_kwargs={"net_arch": [120, 84]},
+            seed=seed,
+            device="cpu",
+        )
+    start = time.time()
+    model.learn(steps, callback=watch)
+    seconds = time.time() - start
+    reach = first_reach(watch.returns, watch.times)
+    return {"sps": steps / seconds, "to_475_s": None if reach is None else reach - launch}
+
+
+def child_floor() -> dict:
+    """The PPO batch shape's floor: a raw native env step and a policy forward (4 envs)."""
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    from rlstore.config import PPOConfig
+    from rlstore.envs import make_vec_env
+    from rlstore.networks import ActorCritic
+    from rlstore.run import Run
+
+    def per_call(fn, n=5000):
+        for _ in range(300):
+            fn()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n
+
+    envs = make_vec_env("CartPole-v1", 4, seed=0)
+    envs.reset(seed=0)
+    action = np.zeros(4, np.int64)
+    env_s = per_call(lambda: envs.step(action))
+    net = ActorCritic(4, 2)
+    obs = torch.zeros(4, 4)
+    with torch.inference_mode():
+        forward_s = per_call(lambda: (net.actor(obs), net.critic(obs)))
+    # rlstore's collect loop alone, on the same shape
+    import tempfile
+
+    from rlstore.algos.common import OnPolicySetup
+
+    with tempfile.TemporaryDirectory() as logdir:
+        cfg = PPOConfig(logdir=logdir, device="cpu", progress=False, track_tensorboard=False)
+        setup = OnPolicySetup(cfg, torch.device("cpu"))
+        run = Run(cfg, "ppo", torch.device("cpu"))
+        for _ in range(3):
+            setup.collect_rollout(run)
+            setup.storage.after_update()
+        start = time.perf_counter()
+        rollouts = 40
+        for _ in range(rollouts):
+            setup.collect_rollout(run)
+            setup.storage.after_update()
+        collect_s = (time.perf_counter() - start) / (rollouts * cfg.num_steps)
+        run.close()
+    return {
+        "env_step_us": env_s * 1e6,
+        "forward_us": forward_s * 1e6,
+        "collect_step_us": collect_s * 1e6,
+        "collect_fraction_of_floor": (env_s + forward_s) / collect_s,
+    }
+
+
+def child_main(argv: list[str]) -> None:
+    kind = argv[0]
+    if kind == "floor":
+        out = child_floor()
+    else:
+        trainer, algo, seed, steps, launch = (
+            argv[0],
+            argv[1],
+            int(argv[2]),
+            int(argv[3]),
+            float(argv[4]),
+        )
+        out = (child_rlstore if trainer == "rlstore" else child_sb3)(algo, seed, steps, launch)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# -- parent ------------------------------------------------------------------------------------
+
+
+def launch(args: list[str]) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, timeout=3600
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"child {args} failed:\n{proc.stderr[-3000:]}")
+
+
+def fmt(x, spec=",.0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child_main(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algos", nargs="+", default=["ppo", "dqn"], choices=["ppo", "dqn"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--ppo-steps", type=int, default=250_000)
+    parser.add_argument("--dqn-steps", type=int, default=300_000)
+    parser.add_argument("--out", default="docs/benchmark")
+    args = parser.parse_args()
+
+    runs = []
+    for algo in args.algos:
+        steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
+        for seed in args.seeds:
+            for trainer in ("rlstore", "sb3"):  # alternate, so machine noise hits both
+                result = launch([trainer, algo, str(seed), str(steps), repr(time.time())])
+                result.update(trainer=trainer, algo=algo, seed=seed, steps=steps)
+                runs.append(result)
+                print(
+                    f"{trainer:8s} {algo} seed {seed}: {result['sps']:,.0f} steps/s, "
+                    f"475 after {fmt(result['to_475_s'], '.1f')} s, "
+                    f"peak RSS {result['peak_rss_mb']:.0f} MB",
+                    flush=True,
+                )
+    floor = launch(["floor"])
+
+    lines = [
+        "# Benchmark: rlstore vs stable-baselines3 on CartPole-v1",
+        "",
+        f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
+        f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "
+        f"{args.dqn_steps}` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
+        "single-threaded process, the trainers alternating.",
+        "",
+        "| trainer | algo | seed | steps | steps/s | s from launch to 475 | peak RSS MB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['trainer']} | {r['algo']} | {r['seed']} | {r['steps']:,} | "
+            f"{r['sps']:,.0f} | {fmt(r['to_475_s'], '.1f')} | {r['peak_rss_mb']:.0f} |"
+        )
+    lines += ["", "Medians and ratios (rlstore / SB3):", ""]
+    summary = {}
+    for algo in args.algos:
+
+        def med(trainer, key, algo=algo):
+            values = [
+                r[key]
+                for r in runs
+                if r["algo"] == algo and r["trainer"] == trainer and r[key] is not None
+            ]
+            return statistics.median(values) if values else None
+
+        ours, theirs = med("rlstore", "sps"), med("sb3", "sps")
+        t_ours, t_theirs = med("rlstore", "to_475_s"), med("sb3", "to_475_s")
+        summary[algo] = {"sps": [ours, theirs], "to_475_s": [t_ours, t_theirs]}
+        speed = ours / theirs if ours and theirs else None
+        time_ratio = t_ours / t_theirs if t_ours and t_theirs else None
+        lines.append(
+            f"- {algo}: {fmt(ours)} vs {fmt(theirs)} steps/s (x{fmt(speed, '.2f')}); "
+            f"to 475: {fmt(t_ours, '.1f')} s vs {fmt(t_theirs, '.1f')} s "
+            f"(ratio {fmt(time_ratio, '.2f')})"
+        )
+    lines += [
+        "",
+        f"Floor of the PPO batch shape (4 native CartPole envs): env step "
+        f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us; rlstore's "
+        f"collect loop {floor['collect_step_us']:.0f} us per vector step = "
+        f"{floor['collect_fraction_of_floor']:.0%} of the floor's throughput.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(
+        json.dumps({"runs": runs, "floor": floor, "summary": summary}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
