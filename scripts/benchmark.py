@@ -43,7 +43,7 @@ def first_reach(returns: list[float], times: list[float]) -> float | None:
 # -- children: one training run each, printing one JSON line -----------------------------------
 
 
-def child_rlstore(algo: str, seed: int, steps: int, launch: float) -> dict:
+def child_rlstore(algo: str, seed: int, steps: int, launch: float, config: str = "") -> dict:
     import tempfile
 
     import torch
@@ -68,7 +68,9 @@ def child_rlstore(algo: str, seed: int, steps: int, launch: float) -> dict:
             "--checkpoint-every",
             "0",
         ]
-        if algo == "dqn":
+        if config:
+            flags += ["--config", config]
+        elif algo == "dqn":
             flags += ["--loss", "huber"]
         _, cfg, preset = parse_train(flags)
         module = __import__(f"rlstore.algos.{algo}", fromlist=["train"])
@@ -212,7 +214,10 @@ def child_main(argv: list[str]) -> None:
             int(argv[3]),
             float(argv[4]),
         )
-        out = (child_rlstore if trainer == "rlstore" else child_sb3)(algo, seed, steps, launch)
+        if trainer == "rlstore":
+            out = child_rlstore(algo, seed, steps, launch, *argv[5:])
+        else:
+            out = child_sb3(algo, seed, steps, launch)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -244,14 +249,25 @@ def main() -> None:
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
     parser.add_argument("--out", default="docs/benchmark")
+    parser.add_argument(
+        "--rlstore-config",
+        nargs="+",
+        default=[],
+        metavar="ALGO=FILE",
+        help="run rlstore's ALGO with --config FILE (e.g. a fast preset)",
+    )
+    parser.add_argument("--no-sb3", action="store_true", help="rlstore runs only")
     args = parser.parse_args()
 
+    configs = dict(item.split("=", 1) for item in args.rlstore_config)
+    trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
     runs = []
     for algo in args.algos:
         steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
         for seed in args.seeds:
-            for trainer in ("rlstore", "sb3"):  # alternate, so machine noise hits both
-                result = launch([trainer, algo, str(seed), str(steps), repr(time.time())])
+            for trainer in trainers:  # alternate, so machine noise hits both
+                extra = [configs[algo]] if trainer == "rlstore" and algo in configs else []
+                result = launch([trainer, algo, str(seed), str(steps), repr(time.time()), *extra])
                 result.update(trainer=trainer, algo=algo, seed=seed, steps=steps)
                 runs.append(result)
                 print(
@@ -267,7 +283,10 @@ def main() -> None:
         "",
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
         f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "
-        f"{args.dqn_steps}` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
+        f"{args.dqn_steps}"
+        + "".join(f" --rlstore-config {a}={f}" for a, f in configs.items())
+        + (" --no-sb3" if args.no_sb3 else "")
+        + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
         "single-threaded process, the trainers alternating.",
         "",
         "| trainer | algo | seed | steps | steps/s | s from launch to 475 | peak RSS MB |",
@@ -290,6 +309,13 @@ def main() -> None:
             ]
             return statistics.median(values) if values else None
 
+        if args.no_sb3:
+            t_ours = med("rlstore", "to_475_s")
+            lines.append(
+                f"- {algo}: median {fmt(med('rlstore', 'sps'))} steps/s, "
+                f"to 475 {fmt(t_ours, '.1f')} s from launch"
+            )
+            continue
         ours, theirs = med("rlstore", "sps"), med("sb3", "sps")
         t_ours, t_theirs = med("rlstore", "to_475_s"), med("sb3", "to_475_s")
         summary[algo] = {"sps": [ours, theirs], "to_475_s": [t_ours, t_theirs]}
