@@ -6,6 +6,7 @@ collect -> compute returns -> one update -> log.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -57,17 +58,9 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
     )
     run = Run(cfg, "a2c", device, preset, resume, setup.policy_info())
     if run.resumed is not None:
-        agent.load_state_dict(run.resumed["model"])
-        optimizer.load_state_dict(run.resumed["optimizer"])
-        setup.load_state_dict(run.resumed, cfg.seed)
+        setup.restore(run.resumed, optimizer, cfg.seed)
     run.restore_rng()
-
-    def snapshot() -> dict:
-        return {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            **setup.state_dict(),
-        }
+    snapshot = functools.partial(setup.snapshot, optimizer)
 
     try:
         for iteration in range(run.global_step // cfg.batch_size, cfg.num_iterations):

@@ -91,6 +91,20 @@ class OnPolicySetup:
             info.update(action_low=space.low.tolist(), action_high=space.high.tolist())
         return info
 
+    def snapshot(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Everything a checkpoint needs from the algorithm's side."""
+        return {
+            "model": self.agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            **self.state_dict(),
+        }
+
+    def restore(self, state: dict, optimizer: torch.optim.Optimizer, seed: int) -> None:
+        """The inverse of snapshot()."""
+        self.agent.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        self.load_state_dict(state, seed)
+
     def state_dict(self) -> dict:
         """Envs, storage (the rollout boundary: last obs, episodes in progress) and stats."""
         return {

@@ -6,6 +6,7 @@ collect -> compute returns -> minibatch updates -> log.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -74,17 +75,9 @@ def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None
     )
     run = Run(cfg, "ppo", device, preset, resume, setup.policy_info())
     if run.resumed is not None:
-        agent.load_state_dict(run.resumed["model"])
-        optimizer.load_state_dict(run.resumed["optimizer"])
-        setup.load_state_dict(run.resumed, cfg.seed)
+        setup.restore(run.resumed, optimizer, cfg.seed)
     run.restore_rng()
-
-    def snapshot() -> dict:
-        return {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            **setup.state_dict(),
-        }
+    snapshot = functools.partial(setup.snapshot, optimizer)
 
     try:
         for iteration in range(run.global_step // cfg.batch_size, cfg.num_iterations):

@@ -21,15 +21,14 @@ seen so far; importance weights (N * P(i))^-beta are divided by the batch maximu
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from rlstore.storage.rollout import Array, _torch_dtype, checked
+from rlstore.checkpoint import atomic_save, safe_load
+from rlstore.storage.rollout import Array, _torch_dtype, checked, load_tensors
 
 
 class ReplayBatch(NamedTuple):
@@ -320,17 +319,9 @@ class ReplayBuffer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self._TENSORS:
-            mine, theirs = getattr(self, name), state[name]
-            if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
-                raise ValueError(
-                    f"state '{name}' is {tuple(theirs.shape)} {theirs.dtype}, "
-                    f"this buffer holds {tuple(mine.shape)} {mine.dtype}"
-                )
         if (state["priorities"] is None) != (self.tree is None):
             raise ValueError("prioritized and uniform buffers cannot load each other's state")
-        for name in self._TENSORS:
-            getattr(self, name).copy_(state[name])
+        load_tensors(self, self._TENSORS, state)
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
         self.max_priority = float(state["max_priority"])
         self.n_step, self.gamma, self.alpha = int(state["n_step"]), state["gamma"], state["alpha"]
@@ -339,18 +330,8 @@ class ReplayBuffer:
         self.generator.bit_generator.state = state["rng"]
 
     def save(self, path: str | Path) -> None:
-        """Write the buffer atomically (temporary file, flush, rename); loading runs no code."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(self.state_dict(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write the buffer atomically (temporary file, fsync, rename); loading runs no code."""
+        atomic_save(self.state_dict(), path)
 
     def load(self, path: str | Path) -> None:
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        self.load_state_dict(safe_load(path))

@@ -260,15 +260,7 @@ class RolloutStorage:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self._TENSORS:
-            mine, theirs = getattr(self, name), state[name]
-            if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
-                raise ValueError(
-                    f"state '{name}' is {tuple(theirs.shape)} {theirs.dtype}, "
-                    f"this storage holds {tuple(mine.shape)} {mine.dtype}"
-                )
-        for name in self._TENSORS:
-            getattr(self, name).copy_(state[name])
+        load_tensors(self, self._TENSORS, state)
         self.step = int(state["step"])
         self._returns_ready = bool(state["returns_ready"])
 
@@ -282,6 +274,19 @@ def checked(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> 
     if x.dtype != dtype and not _fits(x.dtype, dtype):
         raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
     return x
+
+
+def load_tensors(owner: Any, names: tuple[str, ...], state: dict[str, Any]) -> None:
+    """Copy state[name] into owner.name for each name, in place, after checking them all."""
+    for name in names:
+        mine, theirs = getattr(owner, name), state[name]
+        if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
+            raise ValueError(
+                f"state '{name}' is {tuple(theirs.shape)} {theirs.dtype}, "
+                f"this {type(owner).__name__} holds {tuple(mine.shape)} {mine.dtype}"
+            )
+    for name in names:
+        getattr(owner, name).copy_(state[name])
 
 
 def _torch_dtype(dtype: torch.dtype | np.dtype | type) -> torch.dtype:
