@@ -154,6 +154,8 @@ class ReplayBuffer:
         self.max_priority = 1.0
         self.tree = SumTree(R * N) if prioritized else None
         self.generator = np.random.default_rng(seed)
+        self._last_next_obs: torch.Tensor | None = None  # the previous add's next_obs
+        self._last_done = torch.zeros(num_envs, dtype=torch.bool)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -179,20 +181,27 @@ class ReplayBuffer:
         reward = checked(reward, "reward", (N,), torch.float32)
         terminated = checked(terminated, "terminated", (N,), torch.bool)
         truncated = checked(truncated, "truncated", (N,), torch.bool)
-        obs = obs.to(self.device, self.obs.dtype)
+        # The stream check and the validity flags use the caller's arrays (host memory in the
+        # usual case), so a CUDA buffer pays no device synchronisation for them.
         if self.added == 0:
-            valid = torch.ones(N, dtype=torch.bool, device=self.device)
-        elif torch.equal(self.obs[self.cursor], obs):
-            prev = (self.cursor - 1) % self.rows
-            valid = ~(self.terminated[prev] | self.truncated[prev])  # else: a pseudo-step
+            continues = False
+        elif self._last_next_obs is not None:
+            continues = torch.equal(self._last_next_obs, obs)
+        else:  # just loaded from a state dict
+            continues = torch.equal(self.obs[self.cursor], obs.to(self.device, self.obs.dtype))
+        if continues:
+            valid = ~self._last_done  # the step after a done is a pseudo-step
         else:
-            no = torch.zeros(N, dtype=torch.bool, device=self.device)
-            self._write(
-                self.obs[self.cursor], self.actions[self.cursor], torch.zeros(N), no, no, no
-            )
-            valid = torch.ones(N, dtype=torch.bool, device=self.device)
+            if self.added:  # a break row keeps the previous next_obs
+                no = torch.zeros(N, dtype=torch.bool)
+                self._write(
+                    self.obs[self.cursor], self.actions[self.cursor], torch.zeros(N), no, no, no
+                )
+            valid = torch.ones(N, dtype=torch.bool)
         self.obs[self.cursor].copy_(obs)
         self._write(next_obs, action, reward, terminated, truncated, valid)
+        self._last_next_obs = next_obs.clone()
+        self._last_done = terminated | truncated
 
     def _write(self, next_obs, action, reward, terminated, truncated, valid) -> None:
         """Fill the cursor row (its obs is already in place) and advance the cursor."""
@@ -207,7 +216,7 @@ class ReplayBuffer:
         self.valid[nxt] = False  # its obs now holds our next_obs: no transition there yet
         if self.tree is not None:
             slots = np.arange(N)
-            new = np.where(self.valid[row].cpu().numpy(), self.max_priority**self.alpha, 0.0)
+            new = np.where(valid.cpu().numpy(), self.max_priority**self.alpha, 0.0)
             self.tree.update(
                 np.concatenate([row * N + slots, nxt * N + slots]),
                 np.concatenate([new, np.zeros(N)]),
@@ -322,6 +331,9 @@ class ReplayBuffer:
         if (state["priorities"] is None) != (self.tree is None):
             raise ValueError("prioritized and uniform buffers cannot load each other's state")
         load_tensors(self, self._TENSORS, state)
+        prev = (int(state["cursor"]) - 1) % self.rows
+        self._last_next_obs = None
+        self._last_done = (self.terminated[prev] | self.truncated[prev]).cpu()
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
         self.max_priority = float(state["max_priority"])
         self.n_step, self.gamma, self.alpha = int(state["n_step"]), state["gamma"], state["alpha"]
