@@ -9,6 +9,7 @@ batch -> every target_network_frequency steps a target update -> log.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,10 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         buffer.load_state_dict(state["buffer"])
         if state["envs"] is None:
-            print(f"rlstore: {cfg.env_id} cannot be saved; resuming with freshly reset envs")
+            print(
+                f"rlstore: {cfg.env_id} cannot be saved; resuming with freshly reset envs",
+                file=sys.stderr,
+            )
         else:
             load_env_state(envs, state["envs"])
             obs = state["obs"].numpy()
