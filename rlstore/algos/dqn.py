@@ -145,11 +145,14 @@ def train(
         while run.global_step < cfg.total_timesteps:
             # -- act: epsilon-greedy per env -------------------------------------------
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
-            with torch.inference_mode():
-                greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1)
-                explore = torch.rand(cfg.num_envs, device=device) < epsilon
-                random_action = torch.randint(num_actions, (cfg.num_envs,), device=device)
-                action = torch.where(explore, random_action, greedy).cpu().numpy()
+            # The coin flips live on the host (numpy's seeded global RNG, checkpointed), and
+            # the network runs only when some env acts greedily.
+            explore = np.random.random(cfg.num_envs) < epsilon
+            action = np.random.randint(num_actions, size=cfg.num_envs)
+            if not explore.all():
+                with torch.inference_mode():
+                    greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1)
+                action = np.where(explore, action, greedy.cpu().numpy())
             next_obs, reward, terminated, truncated, _ = envs.step(action)
 
             # -- store -----------------------------------------------------------------
