@@ -48,7 +48,8 @@ class CommonConfig:
     device: str = "auto"
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
-    """auto: the env's own vectorized implementation when it has one, else sync."""
+    """auto: the env's own vectorized implementation (when it has one) from 4 envs on,
+    sync otherwise (faster for fewer envs); native, sync and async force a mode."""
     max_episode_steps: int | None = None
     """Override the env's time limit (episodes are truncated after this many steps)."""
     logdir: str = "runs"
