@@ -70,11 +70,9 @@ class SumTree:
         node = np.asarray(index, dtype=np.int64) + self.capacity
         self.nodes[node] = value
         node = np.unique(node >> 1)
-        while node[0] >= 1:
+        while node[0] >= 1:  # all leaves sit at one depth, so each level is one step up
             self.nodes[node] = self.nodes[2 * node] + self.nodes[2 * node + 1]
             node = np.unique(node >> 1)
-            if node[0] == 0:
-                break
 
     def find(self, mass: np.ndarray) -> np.ndarray:
         """For each prefix mass in [0, total), the leaf whose cumulative range contains it."""
