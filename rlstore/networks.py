@@ -33,6 +33,19 @@ def run_mlp(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor, ac
     return F.linear(x, weight, bias)
 
 
+class FastMLPModule(nn.Module):
+    """A module that keeps (weight, bias) lists for run_mlp, rebuilt whenever the module
+    moves (`.to()` may replace its parameters, e.g. to or from the meta device)."""
+
+    def _cache_layers(self) -> None:
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
+        super()._apply(fn, recurse)
+        self._cache_layers()
+        return self
+
+
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
     """Tanh MLP with orthogonal init; the output layer's gain is `out_std`."""
     layers: list[nn.Module] = []
@@ -43,7 +56,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> n
     return nn.Sequential(*layers)
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(FastMLPModule):
     """Separate actor and critic MLPs for vector observations.
 
     Discrete actions: a Categorical head over `action_dim` logits. Continuous actions: a
@@ -66,6 +79,9 @@ class ActorCritic(nn.Module):
         self.actor = mlp(obs_dim, hidden, action_dim, out_std=0.01)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+        self._cache_layers()
+
+    def _cache_layers(self) -> None:
         self._actor, self._critic = linear_layers(self.actor), linear_layers(self.critic)
 
     @staticmethod
@@ -130,7 +146,7 @@ def actor_critic_for(obs_space, action_space) -> ActorCritic:  # gymnasium space
     raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")
 
 
-class QNetwork(nn.Module):
+class QNetwork(FastMLPModule):
     """ReLU MLP Q-network (120-84 like the classic DQN reference), optionally dueling."""
 
     def __init__(
@@ -151,6 +167,9 @@ class QNetwork(nn.Module):
         self.advantage = nn.Linear(in_dim, num_actions)
         if dueling:
             self.value = nn.Linear(in_dim, 1)
+        self._cache_layers()
+
+    def _cache_layers(self) -> None:
         self._layers = [*linear_layers(self.body), (self.advantage.weight, self.advantage.bias)]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

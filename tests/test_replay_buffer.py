@@ -167,6 +167,30 @@ def test_n_step_never_reads_across_the_cursor_after_wrapping():
         assert float(nxt) == expected[float(obs)][1]
 
 
+@pytest.mark.parametrize("breaks", [False, True])
+def test_uniform_sampling_is_uniform_over_valid_transitions(breaks):
+    """Rejection sampling: pseudo-steps are never drawn, every transition equally often.
+    With a break before every step (half the rows invalid) the exact fallback is used too."""
+    rng = np.random.default_rng(5)
+    buffer = ReplayBuffer(capacity=300, num_envs=3, obs_shape=(1,), seed=5)
+    if breaks:
+        a, f = np.zeros(3, np.int64), np.zeros(3, bool)
+        for i in range(40):  # each add starts a new stream: a break row before it
+            obs = np.arange(3 * i, 3 * i + 3, dtype=np.float32)[:, None]
+            buffer.add(obs, a, np.ones(3), obs + 1000, f, f)
+        expected = {float(x) for x in range(120)}
+    else:
+        transitions = scalar_stream(buffer, 60, rng, done_prob=0.3)
+        expected = {float(t[0]) for env in transitions for t in env}
+    assert len(buffer) == len(expected)
+    draws = 60_000
+    counts = np.unique(buffer.sample(draws).obs[:, 0].numpy(), return_counts=True)
+    assert set(counts[0].tolist()) == expected
+    p = 1 / len(expected)
+    sigma = np.sqrt(draws * p * (1 - p))
+    assert np.all(np.abs(counts[1] - draws * p) < 5 * sigma)
+
+
 def test_prioritized_with_alpha_zero_is_uniform_with_unit_weights():
     rng = np.random.default_rng(2)
     buffer = ReplayBuffer(

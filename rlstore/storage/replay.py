@@ -28,7 +28,14 @@ import numpy as np
 import torch
 
 from rlstore.checkpoint import atomic_save, safe_load
-from rlstore.storage.rollout import Array, _torch_dtype, checked, load_tensors
+from rlstore.storage.rollout import (
+    Array,
+    _torch_dtype,
+    copy_in,
+    host_array,
+    load_tensors,
+    to_device,
+)
 
 
 class ReplayBatch(NamedTuple):
@@ -96,6 +103,10 @@ class SumTree:
 class ReplayBuffer:
     """Circular replay storage for `num_envs` envs, one `add` per vector step.
 
+    Observations live on `device`; the small per-transition fields (actions, rewards, flags)
+    live in host memory, where sampling draws its indices and sums its n-step windows. So
+    neither `add` nor `sample` waits for a GPU: each moves its data with asynchronous copies.
+
     Typical loop (see rlstore/algos/dqn.py)::
 
         obs, _ = envs.reset(seed=1)
@@ -138,22 +149,27 @@ class ReplayBuffer:
         self.sample_device = torch.device(sample_device) if sample_device else self.device
         self.n_step, self.gamma = n_step, gamma
         self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
-        R, N, dev = self.rows, num_envs, self.device
-        self.obs = torch.zeros((R, N, *self.obs_shape), dtype=_torch_dtype(obs_dtype), device=dev)
-        self.actions = torch.zeros(
-            (R, N, *self.action_shape), dtype=_torch_dtype(action_dtype), device=dev
+        R, N = self.rows, num_envs
+        self.obs = torch.zeros(
+            (R, N, *self.obs_shape), dtype=_torch_dtype(obs_dtype), device=self.device
         )
-        self.rewards = torch.zeros((R, N), device=dev)
-        self.terminated = torch.zeros((R, N), dtype=torch.bool, device=dev)
-        self.truncated = torch.zeros((R, N), dtype=torch.bool, device=dev)
-        self.valid = torch.zeros((R, N), dtype=torch.bool, device=dev)  # False: pseudo-step
+        # Host tensors, written and read through numpy views (no torch call per field).
+        self.actions = torch.zeros((R, N, *self.action_shape), dtype=_torch_dtype(action_dtype))
+        self.rewards = torch.zeros((R, N))
+        self.terminated = torch.zeros((R, N), dtype=torch.bool)
+        self.truncated = torch.zeros((R, N), dtype=torch.bool)
+        self.valid = torch.zeros((R, N), dtype=torch.bool)  # False: pseudo-step, break, cursor
+        self._host = {name: getattr(self, name).numpy() for name in self._HOST_TENSORS}
+        # A CPU buffer writes its observations through a numpy view too.
+        self._obs_view = self.obs.numpy() if self.device.type == "cpu" else None
         self.cursor = 0  # the row the next add writes
-        self.added = 0  # vector steps added in total
+        self.added = 0  # rows written in total
+        self._count = 0  # valid slots
         self.max_priority = 1.0
         self.tree = SumTree(R * N) if prioritized else None
         self.generator = np.random.default_rng(seed)
-        self._last_next_obs: torch.Tensor | None = None  # the previous add's next_obs
-        self._last_done = torch.zeros(num_envs, dtype=torch.bool)
+        self._last_next_obs: np.ndarray | None = None  # the previous add's next_obs
+        self._last_done = np.zeros(num_envs, dtype=bool)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -172,49 +188,53 @@ class ReplayBuffer:
         after a manual reset or with SAME_STEP autoreset), a break row keeps the previous
         next_obs and the transition goes into the row after it.
         """
-        N = self.num_envs
-        obs = checked(obs, "obs", (N, *self.obs_shape), self.obs.dtype)
-        next_obs = checked(next_obs, "next_obs", (N, *self.obs_shape), self.obs.dtype)
-        action = checked(action, "action", (N, *self.action_shape), self.actions.dtype)
-        reward = checked(reward, "reward", (N,), torch.float32)
-        terminated = checked(terminated, "terminated", (N,), torch.bool)
-        truncated = checked(truncated, "truncated", (N,), torch.bool)
-        # The stream check and the validity flags use the caller's arrays (host memory in the
-        # usual case), so a CUDA buffer pays no device synchronisation for them.
+        N, obs_dtype = self.num_envs, self.obs.dtype
+        obs = host_array(obs, "obs", (N, *self.obs_shape), obs_dtype)
+        next_obs = host_array(next_obs, "next_obs", (N, *self.obs_shape), obs_dtype)
+        action = host_array(action, "action", (N, *self.action_shape), self.actions.dtype)
+        reward = host_array(reward, "reward", (N,), torch.float32)
+        terminated = host_array(terminated, "terminated", (N,), torch.bool)
+        truncated = host_array(truncated, "truncated", (N,), torch.bool)
         if self.added == 0:
             continues = False
         elif self._last_next_obs is not None:
-            continues = torch.equal(self._last_next_obs, obs)
+            continues = np.array_equal(self._last_next_obs, obs)
         else:  # just loaded from a state dict
-            continues = torch.equal(self.obs[self.cursor], obs.to(self.device, self.obs.dtype))
+            continues = np.array_equal(self.obs[self.cursor].cpu().numpy(), obs)
         if continues:
             valid = ~self._last_done  # the step after a done is a pseudo-step
         else:
-            if self.added:  # a break row keeps the previous next_obs
-                no = torch.zeros(N, dtype=torch.bool)
-                self._write(
-                    self.obs[self.cursor], self.actions[self.cursor], torch.zeros(N), no, no, no
-                )
-            valid = torch.ones(N, dtype=torch.bool)
-        self.obs[self.cursor].copy_(obs)
-        self._write(next_obs, action, reward, terminated, truncated, valid)
-        self._last_next_obs = next_obs.clone()
+            if self.added:  # a break row keeps the previous next_obs and holds no transition
+                no = np.zeros(N, dtype=bool)
+                self._advance(self._host["actions"][self.cursor], np.zeros(N), no, no, no)
+            self._put_obs(self.cursor, obs)
+            valid = np.ones(N, dtype=bool)
+        self._put_obs((self.cursor + 1) % self.rows, next_obs)
+        self._advance(action, reward, terminated, truncated, valid)
+        self._last_next_obs = next_obs.copy()
         self._last_done = terminated | truncated
 
-    def _write(self, next_obs, action, reward, terminated, truncated, valid) -> None:
-        """Fill the cursor row (its obs is already in place) and advance the cursor."""
-        N, row = self.num_envs, self.cursor
+    def _put_obs(self, row: int, obs: np.ndarray) -> None:
+        if self._obs_view is not None:
+            self._obs_view[row] = obs
+        else:
+            copy_in(self.obs[row], torch.from_numpy(obs))
+
+    def _advance(self, action, reward, terminated, truncated, valid) -> None:
+        """Fill the cursor row's transition fields (its obs is in place), move the cursor on."""
+        N, row, host = self.num_envs, self.cursor, self._host
         nxt = (row + 1) % self.rows
-        self.obs[nxt].copy_(next_obs)
-        self.actions[row].copy_(action)
-        self.rewards[row].copy_(reward)
-        self.terminated[row].copy_(terminated)
-        self.truncated[row].copy_(truncated)
-        self.valid[row].copy_(valid)
-        self.valid[nxt] = False  # its obs now holds our next_obs: no transition there yet
+        host["actions"][row] = action
+        host["rewards"][row] = reward
+        host["terminated"][row] = terminated
+        host["truncated"][row] = truncated
+        host["valid"][row] = valid
+        # The next row's obs now holds our next_obs: no transition there yet.
+        self._count += int(valid.sum()) - int(host["valid"][nxt].sum())
+        host["valid"][nxt] = False
         if self.tree is not None:
             slots = np.arange(N)
-            new = np.where(valid.cpu().numpy(), self.max_priority**self.alpha, 0.0)
+            new = np.where(valid, self.max_priority**self.alpha, 0.0)
             self.tree.update(
                 np.concatenate([row * N + slots, nxt * N + slots]),
                 np.concatenate([new, np.zeros(N)]),
@@ -226,10 +246,10 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         """Number of transitions that can be sampled (pseudo-steps excluded)."""
-        return int(self.valid.sum())
+        return self._count
 
     def ready(self, batch_size: int) -> bool:
-        return len(self) >= batch_size
+        return self._count >= batch_size
 
     # -- sampling ---------------------------------------------------------------------------
 
@@ -237,8 +257,9 @@ class ReplayBuffer:
         """A batch of `batch_size` transitions drawn with replacement, on `sample_device`.
 
         Uniform, or proportional to priority^alpha with importance weights for `beta`.
+        `indices` (for update_priorities) stay in host memory.
         """
-        if len(self) == 0:
+        if self._count == 0:
             raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
         if self.tree is not None:
             total = self.tree.total
@@ -247,53 +268,73 @@ class ReplayBuffer:
             )
             flat = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
             probs = self.tree.leaves[flat] / total
-            weights = (len(self) * probs) ** -beta
-            weights = torch.as_tensor(
-                weights / weights.max(), dtype=torch.float32, device=self.device
-            )
+            weights = (self._count * probs) ** -beta
+            weights /= weights.max()
         else:
-            valid_flat = np.flatnonzero(self.valid.reshape(-1).cpu().numpy())
-            flat = valid_flat[self.generator.integers(0, len(valid_flat), batch_size)]
-            weights = torch.ones(batch_size, device=self.device)
-        index = torch.as_tensor(flat, device=self.device)
-        rewards, discounts, terminated, next_index = self._n_step(index)
+            flat = self._uniform(batch_size)
+            weights = np.ones(batch_size)
+        rewards, discounts, terminated, next_flat = self._n_step(flat)
+        # Three host -> device copies: obs indices, float fields, actions.
+        index = to_device(torch.from_numpy(np.stack((flat, next_flat))), self.device)
+        scalars = torch.from_numpy(np.stack((rewards, discounts, terminated, weights)))
+        scalars = to_device(scalars.float(), self.sample_device)
+        actions = self._host["actions"].reshape(-1, *self.action_shape)[flat]
         flat_obs = self.obs.view(-1, *self.obs_shape)  # flat (row * N + env) indexing is fast
-        batch = ReplayBatch(
-            obs=flat_obs[index],
-            actions=self.actions.view(-1, *self.action_shape)[index],
-            rewards=rewards,
-            next_obs=flat_obs[next_index],
-            terminated=terminated,
-            discounts=discounts,
-            weights=weights,
-            indices=index,
+        return ReplayBatch(
+            obs=to_device(flat_obs[index[0]], self.sample_device),
+            actions=to_device(torch.from_numpy(actions), self.sample_device),
+            rewards=scalars[0],
+            next_obs=to_device(flat_obs[index[1]], self.sample_device),
+            terminated=scalars[2].bool(),
+            discounts=scalars[1],
+            weights=scalars[3],
+            indices=torch.from_numpy(flat),
         )
-        return ReplayBatch(*(x.to(self.sample_device, non_blocking=True) for x in batch))
 
-    def _n_step(self, index: torch.Tensor):
+    def _uniform(self, batch_size: int) -> np.ndarray:
+        """Flat slots drawn uniformly from the valid ones, by rejection (few are invalid)."""
+        valid = self._host["valid"].reshape(-1)
+        high = min(self.added, self.rows) * self.num_envs  # slots ever written
+        flat = self.generator.integers(0, high, batch_size)
+        redraw = ~valid[flat]
+        for _ in range(8):
+            if not redraw.any():
+                return flat
+            flat[redraw] = self.generator.integers(0, high, int(redraw.sum()))
+            redraw = ~valid[flat]
+        if redraw.any():  # mostly invalid slots (tiny buffers): draw from the valid list
+            valid_flat = np.flatnonzero(valid)
+            flat[redraw] = valid_flat[self.generator.integers(0, len(valid_flat), redraw.sum())]
+        return flat
+
+    def _n_step(self, index: np.ndarray):
         """Discounted reward sums over windows of up to n steps from flat slots `index`.
 
         A window stops after its first done or at the newest row. Returns the sums, gamma^k,
         whether the window ended by termination, and the flat slot of the bootstrap obs.
         """
-        size = self.rows * self.num_envs  # stepping one row ahead is + num_envs, mod size
-        rewards, valid = self.rewards.view(-1), self.valid.view(-1)
-        terminated_flags, truncated_flags = self.terminated.view(-1), self.truncated.view(-1)
-        returns = rewards[index].clone()
-        discount = torch.full_like(returns, self.gamma)
-        terminated = terminated_flags[index].clone()
+        size, N = self.rows * self.num_envs, self.num_envs  # one row ahead is + N, mod size
+        host = self._host
+        rewards, valid = host["rewards"].reshape(-1), host["valid"].reshape(-1)
+        terminated_flags, truncated_flags = (
+            host["terminated"].reshape(-1),
+            host["truncated"].reshape(-1),
+        )
+        returns = rewards[index].astype(np.float64)
+        discount = np.full(len(index), self.gamma)
+        terminated = terminated_flags[index]
         open_ = ~(terminated | truncated_flags[index])
-        end = (index + self.num_envs) % size
+        end = (index + N) % size
         for _ in range(1, self.n_step):
             slot = end
             # invalid rows end the window: the cursor row, pseudo-steps and breaks
-            open_ = open_ & valid[slot]
+            open_ &= valid[slot]
             returns += open_ * discount * rewards[slot]
-            discount = torch.where(open_, discount * self.gamma, discount)
-            end = torch.where(open_, (slot + self.num_envs) % size, end)
+            discount = np.where(open_, discount * self.gamma, discount)
+            end = np.where(open_, (slot + N) % size, end)
             term = terminated_flags[slot]
-            terminated |= open_ & term
-            open_ = open_ & ~(term | truncated_flags[slot])
+            terminated = terminated | (open_ & term)
+            open_ &= ~(term | truncated_flags[slot])
         return returns, discount, terminated, end
 
     def update_priorities(self, indices: Array, td_errors: Array) -> None:
@@ -304,12 +345,13 @@ class ReplayBuffer:
         priority = np.abs(torch.as_tensor(td_errors).detach().cpu().numpy()) + self.priority_eps
         self.max_priority = max(self.max_priority, float(priority.max()))
         # Slots overwritten since sampling (or now invalid) keep priority 0.
-        still_valid = self.valid.reshape(-1).cpu().numpy()[index]
+        still_valid = self._host["valid"].reshape(-1)[index]
         self.tree.update(index, np.where(still_valid, priority**self.alpha, 0.0))
 
     # -- persistence ------------------------------------------------------------------------
 
-    _TENSORS = ("obs", "actions", "rewards", "terminated", "truncated", "valid")
+    _HOST_TENSORS = ("actions", "rewards", "terminated", "truncated", "valid")
+    _TENSORS = ("obs", *_HOST_TENSORS)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {name: getattr(self, name).cpu().clone() for name in self._TENSORS}
@@ -331,7 +373,8 @@ class ReplayBuffer:
         load_tensors(self, self._TENSORS, state)
         prev = (int(state["cursor"]) - 1) % self.rows
         self._last_next_obs = None
-        self._last_done = (self.terminated[prev] | self.truncated[prev]).cpu()
+        self._last_done = self._host["terminated"][prev] | self._host["truncated"][prev]
+        self._count = int(self._host["valid"].sum())
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
         self.max_priority = float(state["max_priority"])
         self.n_step, self.gamma, self.alpha = int(state["n_step"]), state["gamma"], state["alpha"]

@@ -10,10 +10,15 @@ Episode boundaries (DESIGN.md section 3) under Gymnasium's NEXT_STEP autoreset:
   truncation from V(final observation);
 - the step after a done is a pseudo-step; `insert` marks it invalid, and it is never
   handed out by `minibatches` or `flatten`.
+
+On a GPU the per-step writes are asynchronous copies, and the validity flags (which decide
+what `minibatches` hands out) live in host memory: neither `insert` nor `minibatches`
+waits for the device.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -107,11 +112,13 @@ class RolloutStorage:
         self.rewards = torch.zeros((T, N), device=dev)
         self.terminated = torch.zeros((T, N), dtype=torch.bool, device=dev)
         self.truncated = torch.zeros((T, N), dtype=torch.bool, device=dev)
-        self.valid = torch.zeros((T, N), dtype=torch.bool, device=dev)
         self.advantages = torch.zeros((T, N), device=dev)
         self.returns = torch.zeros((T, N), device=dev)
-        # Whether the last inserted step ended an episode: the next step is then a pseudo-step.
-        self.prev_done = torch.zeros(N, dtype=torch.bool, device=dev)
+        # Host flags: whether each step is a real transition, and whether the last inserted
+        # step ended an episode (the next step is then a pseudo-step).
+        self.valid = torch.zeros((T, N), dtype=torch.bool)
+        self.prev_done = torch.zeros(N, dtype=torch.bool)
+        self._valid, self._prev_done = self.valid.numpy(), self.prev_done.numpy()
         self.step = 0
         self._returns_ready = False
 
@@ -129,7 +136,7 @@ class RolloutStorage:
         self.valid.zero_()
         self._returns_ready = False
         if obs is not None:
-            self.obs[0].copy_(checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
+            copy_in(self.obs[0], checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
 
     def insert(
         self,
@@ -149,17 +156,19 @@ class RolloutStorage:
                 "before inserting the next rollout"
             )
         N = self.num_envs
-        self.obs[t + 1].copy_(checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype))
-        self.actions[t].copy_(checked(action, "action", self.actions.shape[1:], self.actions.dtype))
-        self.log_probs[t].copy_(checked(log_prob, "log_prob", (N,), torch.float32))
-        self.values[t].copy_(checked(value, "value", (N,), torch.float32))
-        self.rewards[t].copy_(checked(reward, "reward", (N,), torch.float32))
-        term = checked(terminated, "terminated", (N,), torch.bool)
-        trunc = checked(truncated, "truncated", (N,), torch.bool)
-        self.terminated[t].copy_(term)
-        self.truncated[t].copy_(trunc)
-        torch.logical_not(self.prev_done, out=self.valid[t])
-        torch.logical_or(self.terminated[t], self.truncated[t], out=self.prev_done)
+        copy_in(self.obs[t + 1], checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype))
+        copy_in(
+            self.actions[t], checked(action, "action", self.actions.shape[1:], self.actions.dtype)
+        )
+        copy_in(self.log_probs[t], checked(log_prob, "log_prob", (N,), torch.float32))
+        copy_in(self.values[t], checked(value, "value", (N,), torch.float32))
+        copy_in(self.rewards[t], checked(reward, "reward", (N,), torch.float32))
+        term = host_array(terminated, "terminated", (N,), torch.bool)
+        trunc = host_array(truncated, "truncated", (N,), torch.bool)
+        copy_in(self.terminated[t], torch.from_numpy(term))
+        copy_in(self.truncated[t], torch.from_numpy(trunc))
+        np.logical_not(self._prev_done, out=self._valid[t])
+        np.logical_or(term, trunc, out=self._prev_done)
         self.step = t + 1
         self._returns_ready = False
 
@@ -178,7 +187,7 @@ class RolloutStorage:
                 f"compute_returns needs a full rollout; {self.step}/{self.num_steps} steps inserted"
             )
         next_value = checked(next_value, "next_value", (self.num_envs,), torch.float32)
-        next_values = torch.cat((self.values[1:], next_value.to(self.device, torch.float32)[None]))
+        next_values = torch.cat((self.values[1:], to_device(next_value, self.device).float()[None]))
         lam = gae_lambda if use_gae else 1.0
         self.advantages = compute_gae(
             self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
@@ -190,7 +199,7 @@ class RolloutStorage:
 
     def flatten(self) -> dict[str, torch.Tensor]:
         """The valid transitions of the rollout as flat tensors (pseudo-steps left out)."""
-        keep = self.valid[: self.step].reshape(-1)
+        keep = to_device(self.valid[: self.step].reshape(-1), self.device)
         fields = {
             "obs": self.obs[: self.step],
             "actions": self.actions[: self.step],
@@ -208,18 +217,20 @@ class RolloutStorage:
     def minibatches(
         self, num_minibatches: int, generator: torch.Generator | None = None
     ) -> Iterator[RolloutBatch]:
-        """One epoch: every valid transition exactly once, in a fresh random order."""
+        """One epoch: every valid transition exactly once, in a fresh random order.
+
+        `generator`, if given, is a CPU torch.Generator (the shuffle is drawn on the host).
+        """
         if not self._returns_ready:
             raise RuntimeError("call compute_returns() before minibatches()")
         T = self.num_steps
-        valid_index = self.valid.reshape(-1).nonzero().squeeze(1)
+        valid_index = np.flatnonzero(self._valid)  # host flags: no device read
         if num_minibatches < 1 or num_minibatches > max(len(valid_index), 1):
             raise ValueError(
                 f"num_minibatches must lie in [1, {len(valid_index)}], got {num_minibatches}"
             )
-        perm_device = self.device if generator is None else generator.device
-        order = torch.randperm(len(valid_index), generator=generator, device=perm_device)
-        order = valid_index[order.to(self.device)]
+        order = torch.from_numpy(valid_index)[torch.randperm(len(valid_index), generator=generator)]
+        order = to_device(order, self.device)
         flat = (
             self.obs[:T].reshape(-1, *self.obs_shape),
             self.actions.reshape(-1, *self.action_shape),
@@ -274,6 +285,44 @@ def checked(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> 
     if x.dtype != dtype and not _fits(x.dtype, dtype):
         raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
     return x
+
+
+def host_array(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> np.ndarray:
+    """x as a numpy array in host memory, after the same checks as `checked`."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    elif not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if not _numpy_fits(x.dtype, dtype):
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
+    return x
+
+
+@functools.cache
+def _numpy_fits(src: np.dtype, dst: torch.dtype) -> bool:
+    return _fits(_torch_dtype(src), dst)
+
+
+def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) without a host/device synchronisation.
+
+    A host source for a CUDA destination is staged in pinned memory and copied
+    asynchronously (PyTorch's pinned-memory cache keeps the staging block alive until the
+    copy has run). Everywhere else this is a plain copy.
+    """
+    if dst.is_cuda and not src.is_cuda:  # convert on the host: the staged copy is then exact
+        dst.copy_(src.to(dst.dtype).pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """x on `device`, moved like `copy_in` moves it: no synchronisation for host -> CUDA."""
+    if device.type == "cuda" and not x.is_cuda:
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def load_tensors(owner: Any, names: tuple[str, ...], state: dict[str, Any]) -> None:
