@@ -101,6 +101,11 @@ def test_td_targets_hand_computed():
     torch.testing.assert_close(td, torch.tensor([1.0 - 2.0, 2.0]))  # 1 + 0.5 * Q_target(a'=1)
     loss, _, _ = dqn.td_loss(q, target, batch, DQNConfig(loss="huber"))
     assert loss.item() == pytest.approx((2.0 + 1.5) / 2)  # |td| - 0.5 for |td| > 1
+    loss, _, _ = dqn.td_loss(q, target, batch, DQNConfig())
+    assert loss.item() == pytest.approx((2.5**2 + 2.0**2) / 2)
+    weighted = batch._replace(weights=torch.tensor([1.0, 0.5]))
+    loss, _, _ = dqn.td_loss(q, target, weighted, DQNConfig(prioritized=True))
+    assert loss.item() == pytest.approx((2.5**2 + 0.5 * 2.0**2) / 2)  # importance-weighted
 
 
 def test_dueling_head_is_value_plus_centred_advantage():

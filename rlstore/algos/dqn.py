@@ -42,17 +42,18 @@ def td_loss(
         next_q = target_network(batch.next_obs)
         if cfg.double_dqn:
             next_action = q_network(batch.next_obs).argmax(-1, keepdim=True)
+            next_value = next_q.gather(-1, next_action).squeeze(-1)
         else:
-            next_action = next_q.argmax(-1, keepdim=True)
-        next_value = next_q.gather(-1, next_action).squeeze(-1)
-        target = batch.rewards + batch.discounts * (~batch.terminated) * next_value
+            next_value = next_q.amax(-1)
+        target = batch.rewards + batch.discounts * next_value.masked_fill(batch.terminated, 0.0)
     q_value = q_network(batch.obs).gather(-1, batch.actions.long().unsqueeze(-1)).squeeze(-1)
-    td_error = q_value - target
     if cfg.loss == "huber":
         elementwise = F.smooth_l1_loss(q_value, target, reduction="none")
     else:
-        elementwise = td_error.square()
-    return (batch.weights * elementwise).mean(), td_error.detach(), q_value.detach()
+        elementwise = F.mse_loss(q_value, target, reduction="none")
+    # Uniform replay has unit weights: skipping the product saves a node in the backward pass.
+    loss = (batch.weights * elementwise).mean() if cfg.prioritized else elementwise.mean()
+    return loss, (q_value - target).detach(), q_value.detach()
 
 
 def crossings(before: int, after: int, every: int) -> int:
@@ -128,7 +129,7 @@ def train(
             stats.load_state_dict({k: v.numpy() for k, v in state["stats"].items()})
     run.restore_rng()
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
-    metrics: dict[str, Any] = {}
+    last_update: tuple[torch.Tensor, torch.Tensor] | None = None  # (loss, Q(s, a)), for logging
 
     def snapshot() -> dict:
         return {
@@ -147,8 +148,9 @@ def train(
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
             # The coin flips live on the host (numpy's seeded global RNG, checkpointed), and
             # the network runs only when some env acts greedily.
-            explore = np.random.random(cfg.num_envs) < epsilon
-            action = np.random.randint(num_actions, size=cfg.num_envs)
+            coins = np.random.random((2, cfg.num_envs))  # one RNG call: explore?, which action
+            explore = coins[0] < epsilon
+            action = (coins[1] * num_actions).astype(np.int64)
             if not explore.all():
                 with torch.inference_mode():
                     greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1)
@@ -183,7 +185,7 @@ def train(
                     optimizer.step()
                     if cfg.prioritized:
                         buffer.update_priorities(batch.indices, td_error)
-                    metrics = {"losses/td_loss": loss.detach(), "losses/q_values": q_value.mean()}
+                    last_update = loss, q_value
                 if crossings(before, run.global_step, cfg.target_network_frequency):
                     with torch.no_grad():
                         for target, online in zip(
@@ -196,7 +198,11 @@ def train(
 
             # -- log, checkpoint ---------------------------------------------------------
             if run.log_due():
-                run.log_scalars({**metrics, "charts/epsilon": epsilon})
+                metrics = {"charts/epsilon": epsilon}
+                if last_update is not None:
+                    metrics["losses/td_loss"] = last_update[0].detach()
+                    metrics["losses/q_values"] = last_update[1].mean()
+                run.log_scalars(metrics)
             if run.checkpoint_due(before):
                 run.save_checkpoint(snapshot())
             run.stop_if_asked(snapshot)
