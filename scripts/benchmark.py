@@ -3,6 +3,7 @@
     pip install -e ".[bench]"
     python scripts/benchmark.py                        # PPO and DQN, seeds 1-3
     python scripts/benchmark.py --algos ppo --seeds 1 --ppo-steps 100000
+    python scripts/benchmark.py --algos ppo --device cuda --ppo-envs 1024 --ppo-steps 2000000
 
 Each run is its own process (so imports and start-up count), runs alternate between the
 two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
@@ -43,7 +44,9 @@ def first_reach(returns: list[float], times: list[float]) -> float | None:
 # -- children: one training run each, printing one JSON line -----------------------------------
 
 
-def child_rlstore(algo: str, seed: int, steps: int, launch: float, config: str = "") -> dict:
+def child_rlstore(
+    algo: str, seed: int, steps: int, launch: float, device: str, ppo_envs: int, config: str
+) -> dict:
     import tempfile
 
     import torch
@@ -64,10 +67,12 @@ def child_rlstore(algo: str, seed: int, steps: int, launch: float, config: str =
             logdir,
             "--no-progress",
             "--device",
-            "cpu",
+            device,
             "--checkpoint-every",
             "0",
         ]
+        if algo == "ppo" and ppo_envs != 4:
+            flags += ["--num-envs", str(ppo_envs)]
         if config:
             flags += ["--config", config]
         elif algo == "dqn":
@@ -79,7 +84,7 @@ def child_rlstore(algo: str, seed: int, steps: int, launch: float, config: str =
     return {"sps": result.sps, "to_475_s": None if reach is None else reach - launch}
 
 
-def child_sb3(algo: str, seed: int, steps: int, launch: float) -> dict:
+def child_sb3(algo: str, seed: int, steps: int, launch: float, device: str, ppo_envs: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -101,12 +106,12 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float) -> dict:
 
     watch = Watch()
     if algo == "ppo":
-        envs = make_vec_env("CartPole-v1", n_envs=4, seed=seed)
+        envs = make_vec_env("CartPole-v1", n_envs=ppo_envs, seed=seed)
         model = PPO(
             "MlpPolicy",
             envs,
             n_steps=128,
-            batch_size=128,
+            batch_size=ppo_envs * 128 // 4,  # 4 minibatches
             n_epochs=4,
             learning_rate=lambda f: 2.5e-4 * f,
             gamma=0.99,
@@ -117,7 +122,7 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float) -> dict:
             vf_coef=0.5,
             max_grad_norm=0.5,
             seed=seed,
-            device="cpu",
+            device=device,
         )
     else:
         envs = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
@@ -139,7 +144,7 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float) -> dict:
             max_grad_norm=1e10,
             policy_kwargs={"net_arch": [120, 84]},
             seed=seed,
-            device="cpu",
+            device=device,
         )
     start = time.time()
     model.learn(steps, callback=watch)
@@ -148,8 +153,8 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float) -> dict:
     return {"sps": steps / seconds, "to_475_s": None if reach is None else reach - launch}
 
 
-def child_floor() -> dict:
-    """The PPO batch shape's floor: a raw native env step and a policy forward (4 envs)."""
+def child_floor(device_name: str, num_envs: int) -> dict:
+    """The PPO batch shape's floor: a raw native env step and a policy forward."""
     import numpy as np
     import torch
 
@@ -167,23 +172,30 @@ def child_floor() -> dict:
             fn()
         return (time.perf_counter() - start) / n
 
-    envs = make_vec_env("CartPole-v1", 4, seed=0)
+    device = torch.device(device_name)
+    envs = make_vec_env("CartPole-v1", num_envs, seed=0)
     envs.reset(seed=0)
-    action = np.zeros(4, np.int64)
+    action = np.zeros(num_envs, np.int64)
     env_s = per_call(lambda: envs.step(action))
-    net = ActorCritic(4, 2)
-    obs = torch.zeros(4, 4)
-    with torch.inference_mode():
-        forward_s = per_call(lambda: (net.actor(obs), net.critic(obs)))
+    net = ActorCritic(4, 2).to(device)
+    obs = torch.zeros(num_envs, 4, device=device)
+    with torch.inference_mode():  # the forward ends at the env boundary: actions on the host
+        forward_s = per_call(lambda: (net.actor(obs).argmax(-1).cpu(), net.critic(obs)))
     # rlstore's collect loop alone, on the same shape
     import tempfile
 
     from rlstore.algos.common import OnPolicySetup
 
     with tempfile.TemporaryDirectory() as logdir:
-        cfg = PPOConfig(logdir=logdir, device="cpu", progress=False, track_tensorboard=False)
-        setup = OnPolicySetup(cfg, torch.device("cpu"))
-        run = Run(cfg, "ppo", torch.device("cpu"))
+        cfg = PPOConfig(
+            logdir=logdir,
+            num_envs=num_envs,
+            device=device_name,
+            progress=False,
+            track_tensorboard=False,
+        )
+        setup = OnPolicySetup(cfg, device)
+        run = Run(cfg, "ppo", device)
         for _ in range(3):
             setup.collect_rollout(run)
             setup.storage.after_update()
@@ -202,22 +214,14 @@ def child_floor() -> dict:
     }
 
 
-def child_main(argv: list[str]) -> None:
-    kind = argv[0]
+def child_main(spec: dict) -> None:
+    kind = spec.pop("kind")
     if kind == "floor":
-        out = child_floor()
+        out = child_floor(**spec)
+    elif kind == "rlstore":
+        out = child_rlstore(**spec)
     else:
-        trainer, algo, seed, steps, launch = (
-            argv[0],
-            argv[1],
-            int(argv[2]),
-            int(argv[3]),
-            float(argv[4]),
-        )
-        if trainer == "rlstore":
-            out = child_rlstore(algo, seed, steps, launch, *argv[5:])
-        else:
-            out = child_sb3(algo, seed, steps, launch)
+        out = child_sb3(**spec)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -225,14 +229,17 @@ def child_main(argv: list[str]) -> None:
 # -- parent ------------------------------------------------------------------------------------
 
 
-def launch(args: list[str]) -> dict:
+def launch(**spec) -> dict:
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, timeout=3600
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    raise RuntimeError(f"child {args} failed:\n{proc.stderr[-3000:]}")
+    raise RuntimeError(f"child {spec} failed:\n{proc.stderr[-3000:]}")
 
 
 def fmt(x, spec=",.0f"):
@@ -241,7 +248,7 @@ def fmt(x, spec=",.0f"):
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child_main(sys.argv[2:])
+        child_main(json.loads(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", nargs="+", default=["ppo", "dqn"], choices=["ppo", "dqn"])
@@ -257,6 +264,10 @@ def main() -> None:
         help="run rlstore's ALGO with --config FILE (e.g. a fast preset)",
     )
     parser.add_argument("--no-sb3", action="store_true", help="rlstore runs only")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda, for both trainers")
+    parser.add_argument(
+        "--ppo-envs", type=int, default=4, help="PPO envs (a large native batch: e.g. 1024)"
+    )
     args = parser.parse_args()
 
     configs = dict(item.split("=", 1) for item in args.rlstore_config)
@@ -266,8 +277,18 @@ def main() -> None:
         steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
         for seed in args.seeds:
             for trainer in trainers:  # alternate, so machine noise hits both
-                extra = [configs[algo]] if trainer == "rlstore" and algo in configs else []
-                result = launch([trainer, algo, str(seed), str(steps), repr(time.time()), *extra])
+                spec = dict(
+                    kind=trainer,
+                    algo=algo,
+                    seed=seed,
+                    steps=steps,
+                    launch=time.time(),
+                    device=args.device,
+                    ppo_envs=args.ppo_envs,
+                )
+                if trainer == "rlstore":
+                    spec["config"] = configs.get(algo, "")
+                result = launch(**spec)
                 result.update(trainer=trainer, algo=algo, seed=seed, steps=steps)
                 runs.append(result)
                 print(
@@ -276,7 +297,7 @@ def main() -> None:
                     f"peak RSS {result['peak_rss_mb']:.0f} MB",
                     flush=True,
                 )
-    floor = launch(["floor"])
+    floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs)
 
     lines = [
         "# Benchmark: rlstore vs stable-baselines3 on CartPole-v1",
@@ -286,6 +307,8 @@ def main() -> None:
         f"{args.dqn_steps}"
         + "".join(f" --rlstore-config {a}={f}" for a, f in configs.items())
         + (" --no-sb3" if args.no_sb3 else "")
+        + (f" --device {args.device}" if args.device != "cpu" else "")
+        + (f" --ppo-envs {args.ppo_envs}" if args.ppo_envs != 4 else "")
         + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
         "single-threaded process, the trainers alternating.",
         "",
@@ -328,7 +351,8 @@ def main() -> None:
         )
     lines += [
         "",
-        f"Floor of the PPO batch shape (4 native CartPole envs): env step "
+        f"Floor of the PPO batch shape ({args.ppo_envs} native CartPole envs, policy on "
+        f"{args.device}): env step "
         f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us; rlstore's "
         f"collect loop {floor['collect_step_us']:.0f} us per vector step = "
         f"{floor['collect_fraction_of_floor']:.0%} of the floor's throughput.",
