@@ -252,8 +252,10 @@ def test_sum_tree_nodes_are_sums_of_their_leaves(size, updates, seed):
         index %= size
         tree.update(np.array([index]), np.array([value]))
         leaves[index] = value
-        batch = rng.integers(0, size, 3)  # vectorized updates too
-        values = rng.random(3)
+        # batched updates too, below and above the size where the numpy walk takes over
+        count = 3 if rng.random() < 0.5 else SumTree.SCALAR_UPDATE_MAX + 10
+        batch = rng.integers(0, size, count)
+        values = rng.random(count)
         tree.update(batch, values)
         leaves[batch] = values  # last write wins in both
     assert tree.total == pytest.approx(leaves.sum())

@@ -72,13 +72,26 @@ class SumTree:
     def leaves(self) -> np.ndarray:
         return self.nodes[self.capacity : self.capacity + self.size]
 
+    SCALAR_UPDATE_MAX = 16  # below this many leaves a Python walk beats numpy's per-call cost
+
     def update(self, index: np.ndarray, value: np.ndarray) -> None:
-        """Set leaves `index` to `value` (the last write wins for repeated indices)."""
+        """Set leaves `index` to `value` (the last write wins for repeated indices).
+
+        Each changed leaf's ancestors are recomputed as the sum of their two children, so
+        the tree stays exact (no accumulated deltas).
+        """
+        nodes = self.nodes
         node = np.asarray(index, dtype=np.int64) + self.capacity
-        self.nodes[node] = value
+        nodes[node] = value
+        if len(node) <= self.SCALAR_UPDATE_MAX:  # one add: a few leaves, walked one by one
+            for parent in set((node >> 1).tolist()):
+                while parent:
+                    nodes[parent] = nodes[2 * parent] + nodes[2 * parent + 1]
+                    parent >>= 1
+            return
         node = np.unique(node >> 1)
         while node[0] >= 1:  # all leaves sit at one depth, so each level is one step up
-            self.nodes[node] = self.nodes[2 * node] + self.nodes[2 * node + 1]
+            nodes[node] = nodes[2 * node] + nodes[2 * node + 1]
             node = np.unique(node >> 1)
 
     def find(self, mass: np.ndarray) -> np.ndarray:
