@@ -1,7 +1,8 @@
 """ReplayBuffer: the off-policy buffer of DQN, with n-step returns and prioritized replay.
 
 Layout: a ring of `rows` vector steps, each row holding one transition per env, in
-preallocated tensors on one device. Each observation is stored once: the next observation
+preallocated tensors: observations on the buffer's device, the small fields (actions,
+rewards, flags) in host memory. Each observation is stored once: the next observation
 of row i is the observation of row i + 1 (same env). This is exact under Gymnasium's
 NEXT_STEP autoreset, where the stream of observations of one env is
     o_0, o_1, ..., o_final, o_reset, o'_1, ...
