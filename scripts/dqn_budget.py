@@ -1,0 +1,102 @@
+"""Where a DQN env step's time goes, measured inside a real `rlstore.algos.dqn.train` run.
+
+    python scripts/dqn_budget.py                      # the defaults, 120k steps
+    python scripts/dqn_budget.py --steps 60000 -- --n-step 3 --prioritized
+
+The pieces of the loop (env step, replay add and sample, episode statistics, the TD
+forward, backward, Adam, acting) are wrapped with timers in place, so each is timed where
+it runs, caches and all; micro-benchmarks of the same calls in isolation read about half.
+Prints microseconds per env step for each piece and for the whole run. Single-threaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+from gymnasium.vector import SyncVectorEnv
+
+from rlstore.algos import dqn
+from rlstore.cli import parse_train
+from rlstore.envs import EpisodeStats
+from rlstore.networks import QNetwork
+from rlstore.storage import ReplayBuffer
+
+seconds: defaultdict[str, float] = defaultdict(float)
+inside_td_loss = False
+
+
+def timed(name: str, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds[name] += time.perf_counter() - start
+
+    return wrapper
+
+
+def timed_td_loss(fn):
+    def wrapper(*args, **kwargs):
+        global inside_td_loss
+        inside_td_loss, start = True, time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            inside_td_loss = False
+            seconds["TD loss forward"] += time.perf_counter() - start
+
+    return wrapper
+
+
+def timed_acting(fn):
+    """QNetwork.forward outside the TD loss: the forward for acting."""
+
+    def wrapper(*args, **kwargs):
+        if inside_td_loss:
+            return fn(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds["Q forward for acting"] += time.perf_counter() - start
+
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=120_000)
+    parser.add_argument("flags", nargs="*", help="more `rlstore train dqn` flags, after --")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    SyncVectorEnv.step = timed("env step (sync vector env)", SyncVectorEnv.step)
+    ReplayBuffer.add = timed("replay add", ReplayBuffer.add)
+    ReplayBuffer.sample = timed("replay sample", ReplayBuffer.sample)
+    EpisodeStats.update = timed("episode statistics", EpisodeStats.update)
+    QNetwork.forward = timed_acting(QNetwork.forward)
+    dqn.td_loss = timed_td_loss(dqn.td_loss)
+    torch.Tensor.backward = timed("backward", torch.Tensor.backward)
+    torch.optim.Adam.step = timed("Adam step", torch.optim.Adam.step)
+
+    with tempfile.TemporaryDirectory() as logdir:
+        flags = ["dqn", "--env", "CartPole-v1", "--total-timesteps", str(args.steps)]
+        flags += ["--logdir", logdir, "--no-progress", "--checkpoint-every", "0", *args.flags]
+        _, cfg, preset = parse_train(flags)
+        result = dqn.train(cfg, preset)
+
+    steps = result.global_step
+    print(f"{steps:,} steps, {result.sps:,.0f} steps/s ({1e6 / result.sps:.0f} us per env step)")
+    for name, total in sorted(seconds.items(), key=lambda item: -item[1]):
+        print(f"  {name:28s} {total / steps * 1e6:6.1f} us per env step")
+    rest = result.seconds - sum(seconds.values())
+    print(f"  {'the rest (loop, logging)':28s} {rest / steps * 1e6:6.1f} us per env step")
+
+
+if __name__ == "__main__":
+    main()
