@@ -7,6 +7,8 @@ that passes here does not wait for a GPU either. With a GPU present, the same st
 run on CUDA under torch's sync debug mode.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from rlstore import ActorCritic, PPOConfig, QNetwork, ReplayBuffer, RolloutStora
 from rlstore.algos.dqn import td_loss
 from rlstore.algos.ppo import ppo_loss
 from rlstore.config import DQNConfig
+from rlstore.storage.rollout import to_device
 
 N, T = 4, 16
 
@@ -30,10 +33,16 @@ def env_outputs(rng):
     )
 
 
-def ppo_rollout_and_update(device):
+def ppo_rollout_and_update(device, watch):
+    """Build (copying the network to the device may block), then run the loop under `watch`."""
     rng = np.random.default_rng(0)
     agent = ActorCritic(4, 2).to(device)
     storage = RolloutStorage(T, N, (4,), device=device)
+    with watch:
+        ppo_loop(agent, storage, rng)
+
+
+def ppo_loop(agent, storage, rng):
     storage.reset(rng.normal(size=(N, 4)).astype(np.float32))
     for _ in range(T):
         with torch.inference_mode():
@@ -50,14 +59,19 @@ def ppo_rollout_and_update(device):
     storage.after_update()
 
 
-def dqn_steps_and_update(device):
+def dqn_steps_and_update(device, watch):
     rng = np.random.default_rng(1)
     q_network, target_network = QNetwork(4, 2).to(device), QNetwork(4, 2).to(device)
     buffer = ReplayBuffer(100, N, (4,), device=device, n_step=3, seed=1)
+    with watch:
+        dqn_loop(q_network, target_network, buffer, rng, device)
+
+
+def dqn_loop(q_network, target_network, buffer, rng, device):
     obs = rng.normal(size=(N, 4)).astype(np.float32)
     for _ in range(T):
-        with torch.inference_mode():
-            q_network(torch.as_tensor(obs).to(device)).argmax(-1)  # .cpu() is the env boundary
+        with torch.inference_mode():  # (.cpu() of the argmax is the env boundary)
+            q_network(to_device(torch.from_numpy(obs), device)).argmax(-1)
         next_obs, reward, terminated, truncated = env_outputs(rng)
         buffer.add(obs, rng.integers(0, 2, N), reward, next_obs, terminated, truncated)
         obs = next_obs
@@ -76,14 +90,19 @@ def test_meta_tensors_refuse_host_reads():
 
 @pytest.mark.parametrize("steps", [ppo_rollout_and_update, dqn_steps_and_update])
 def test_loop_steps_never_read_the_device(steps):
-    steps(torch.device("meta"))
+    steps(torch.device("meta"), contextlib.nullcontext())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("steps", [ppo_rollout_and_update, dqn_steps_and_update])
 def test_loop_steps_never_synchronise_on_cuda(steps):
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        steps(torch.device("cuda"))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    @contextlib.contextmanager
+    def sync_is_an_error():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    steps(torch.device("cuda"), sync_is_an_error())
