@@ -328,11 +328,8 @@ class ReplayBuffer:
         whether the window ended by termination, and the flat slot of the bootstrap obs.
         """
         size, N = self.rows * self.num_envs, self.num_envs  # one row ahead is + N, mod size
-        host = self._host
-        rewards, valid = host["rewards"].reshape(-1), host["valid"].reshape(-1)
-        terminated_flags, truncated_flags = (
-            host["terminated"].reshape(-1),
-            host["truncated"].reshape(-1),
+        rewards, valid, terminated_flags, truncated_flags = (
+            self._host[name].reshape(-1) for name in ("rewards", "valid", "terminated", "truncated")
         )
         returns = rewards[index].astype(np.float64)
         discount = np.full(len(index), self.gamma)
