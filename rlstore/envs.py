@@ -13,10 +13,13 @@ native vectorized envs such as CartPoleVectorEnv implement). Its consequences:
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from rlstore.config import UsageError
@@ -72,7 +75,10 @@ def make_vec_env(
     else:
         mode = vectorization
     kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+    if mode == "sync":
+        envs = LeanSyncVectorEnv([functools.partial(gym.make, spec.id, **kwargs)] * num_envs)
+    else:
+        envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     mode_of_envs = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     assert mode_of_envs == AutoresetMode.NEXT_STEP, (
         f"rlstore needs NEXT_STEP autoreset, {env_id} uses {mode_of_envs}"
@@ -80,6 +86,49 @@ def make_vec_env(
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
+
+
+class LeanSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """Gymnasium's SyncVectorEnv with a leaner NEXT_STEP `step` for array observations.
+
+    Same results, step for step (tests/test_envs.py compares them), written straight into
+    the preallocated arrays. Gymnasium's generic step spends ~9 us per call on space
+    dispatch, stacking and copies (16 us for one CartPole, whose own step takes 7 us),
+    which is most of an env step in DQN's one-env loop. Other spaces and autoreset modes
+    take Gymnasium's step.
+    """
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        if not (
+            self.autoreset_mode == AutoresetMode.NEXT_STEP
+            and isinstance(self.single_observation_space, spaces.Box)
+            and isinstance(
+                self.action_space, (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)
+            )
+        ):
+            return super().step(actions)
+        observations, rewards = self._observations, self._rewards
+        terminations, truncations = self._terminations, self._truncations
+        infos: dict[str, Any] = {}
+        for i, (action, env) in enumerate(zip(actions, self.envs, strict=True)):
+            if self._autoreset_envs[i]:  # the pseudo-step: reset, reward 0, no flags
+                self._env_obs[i], env_info = env.reset()
+                rewards[i], terminations[i], truncations[i] = 0.0, False, False
+            else:
+                self._env_obs[i], rewards[i], terminations[i], truncations[i], env_info = env.step(
+                    action
+                )
+            observations[i] = self._env_obs[i]
+            if env_info:
+                infos = self._add_info(infos, env_info, i)
+        self._autoreset_envs = terminations | truncations
+        return (
+            observations.copy() if self.copy else observations,
+            rewards.copy(),
+            terminations.copy(),
+            truncations.copy(),
+            infos,
+        )
 
 
 class EpisodeStats:
