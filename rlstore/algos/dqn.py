@@ -24,7 +24,7 @@ from rlstore.algos.common import linear_schedule
 from rlstore.checkpoint import env_state, load_env_state
 from rlstore.config import DQNConfig, UsageError
 from rlstore.envs import EpisodeStats, make_vec_env
-from rlstore.networks import QNetwork
+from rlstore.networks import GreedyActor, QNetwork
 from rlstore.run import Run, TrainResult, prepare, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
@@ -88,6 +88,7 @@ def train(
     num_actions = int(action_space.n)
     q_network = QNetwork(int(np.prod(obs_space.shape)), num_actions, dueling=cfg.dueling).to(device)
     target_network = copy.deepcopy(q_network)
+    greedy_actions = GreedyActor(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     buffer = ReplayBuffer(
         cfg.buffer_size,
@@ -152,9 +153,7 @@ def train(
             explore = coins[0] < epsilon
             action = (coins[1] * num_actions).astype(np.int64)
             if not explore.all():
-                with torch.inference_mode():
-                    greedy = q_network(torch.as_tensor(obs, device=device)).argmax(-1)
-                action = np.where(explore, action, greedy.cpu().numpy())
+                action = np.where(explore, action, greedy_actions(obs))
             next_obs, reward, terminated, truncated, _ = envs.step(action)
 
             # -- store -----------------------------------------------------------------
