@@ -61,6 +61,10 @@ def prepare(cfg: CommonConfig) -> torch.device:
     check_env_id(cfg.env_id)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
+    # Denormal floats (below 1.2e-38) are flushed to zero, as TensorFlow does on CPU: the
+    # Adam moments of parameters whose gradient is always 0 (dead ReLUs) decay into that
+    # range, where CPU arithmetic is ~3x slower (DQN's Adam step: 60 -> 190 us).
+    torch.set_flush_denormal(True)
     return device
 
 

@@ -17,16 +17,14 @@ import time
 from collections import defaultdict
 
 import torch
-from gymnasium.vector import SyncVectorEnv
 
 from rlstore.algos import dqn
 from rlstore.cli import parse_train
-from rlstore.envs import EpisodeStats
-from rlstore.networks import QNetwork
+from rlstore.envs import EpisodeStats, LeanSyncVectorEnv
+from rlstore.networks import GreedyActor
 from rlstore.storage import ReplayBuffer
 
 seconds: defaultdict[str, float] = defaultdict(float)
-inside_td_loss = False
 
 
 def timed(name: str, fn):
@@ -40,34 +38,6 @@ def timed(name: str, fn):
     return wrapper
 
 
-def timed_td_loss(fn):
-    def wrapper(*args, **kwargs):
-        global inside_td_loss
-        inside_td_loss, start = True, time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            inside_td_loss = False
-            seconds["TD loss forward"] += time.perf_counter() - start
-
-    return wrapper
-
-
-def timed_acting(fn):
-    """QNetwork.forward outside the TD loss: the forward for acting."""
-
-    def wrapper(*args, **kwargs):
-        if inside_td_loss:
-            return fn(*args, **kwargs)
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            seconds["Q forward for acting"] += time.perf_counter() - start
-
-    return wrapper
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120_000)
@@ -75,12 +45,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    SyncVectorEnv.step = timed("env step (sync vector env)", SyncVectorEnv.step)
+    LeanSyncVectorEnv.step = timed("env step (sync vector env)", LeanSyncVectorEnv.step)
     ReplayBuffer.add = timed("replay add", ReplayBuffer.add)
     ReplayBuffer.sample = timed("replay sample", ReplayBuffer.sample)
     EpisodeStats.update = timed("episode statistics", EpisodeStats.update)
-    QNetwork.forward = timed_acting(QNetwork.forward)
-    dqn.td_loss = timed_td_loss(dqn.td_loss)
+    GreedyActor.__call__ = timed("greedy actions (acting)", GreedyActor.__call__)
+    dqn.td_loss = timed("TD loss forward", dqn.td_loss)
     torch.Tensor.backward = timed("backward", torch.Tensor.backward)
     torch.optim.Adam.step = timed("Adam step", torch.optim.Adam.step)
 

@@ -5,6 +5,7 @@ import torch
 
 from rlstore.algos import a2c, ppo
 from rlstore.config import A2CConfig, PPOConfig
+from rlstore.run import prepare
 
 
 def tiny(cls, logdir, seed):
@@ -35,3 +36,13 @@ def test_same_seed_same_run(module, cls, logdir):
         torch.equal(p, q)
         for p, q in zip(first.model.parameters(), other.model.parameters(), strict=True)
     )
+
+
+def test_prepare_seeds_and_flushes_denormals():
+    torch.set_flush_denormal(False)
+    assert (torch.tensor([1e-30]) * 1e-10).item() != 0.0  # 1e-40: a denormal float32
+    prepare(PPOConfig(seed=3))
+    first = torch.rand(3)
+    assert (torch.tensor([1e-30]) * 1e-10).item() == 0.0
+    prepare(PPOConfig(seed=3))
+    assert torch.equal(torch.rand(3), first)
