@@ -61,10 +61,6 @@ def prepare(cfg: CommonConfig) -> torch.device:
     check_env_id(cfg.env_id)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
-    # Denormal floats (below 1.2e-38) are flushed to zero, as TensorFlow does on CPU: the
-    # Adam moments of parameters whose gradient is always 0 (dead ReLUs) decay into that
-    # range, where CPU arithmetic is ~3x slower (DQN's Adam step: 60 -> 190 us).
-    torch.set_flush_denormal(True)
     return device
 
 
@@ -203,6 +199,10 @@ class Run:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        # Until close(), denormal floats (below ~1e-38) are flushed to zero, as TensorFlow
+        # does on CPU: Adam moments of parameters whose gradient stays 0 (dead ReLUs) decay
+        # into that range, where CPU arithmetic is ~3x slower (DQN's Adam step: 60 -> 190 us).
+        torch.set_flush_denormal(True)
 
     # -- signals and checkpoints --------------------------------------------------------------
 
@@ -323,7 +323,9 @@ class Run:
     # -- the end --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush and close the event file, give the signals back; safe to call again."""
+        """Flush and close the event file, give the signals back, stop flushing denormals
+        (back to the default); safe to call again."""
+        torch.set_flush_denormal(False)
         if self.writer is not None:
             self.writer.close()
             self.writer = None

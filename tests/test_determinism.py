@@ -1,11 +1,11 @@
 """The same seed gives the same run on CPU: episode returns and final parameters."""
 
+import numpy as np
 import pytest
 import torch
 
-from rlstore.algos import a2c, ppo
-from rlstore.config import A2CConfig, PPOConfig
-from rlstore.run import prepare
+from rlstore.algos import a2c, dqn, ppo
+from rlstore.config import A2CConfig, DQNConfig, PPOConfig
 
 
 def tiny(cls, logdir, seed):
@@ -38,11 +38,23 @@ def test_same_seed_same_run(module, cls, logdir):
     )
 
 
-def test_prepare_seeds_and_flushes_denormals():
-    torch.set_flush_denormal(False)
-    assert (torch.tensor([1e-30]) * 1e-10).item() != 0.0  # 1e-40: a denormal float32
-    prepare(PPOConfig(seed=3))
-    first = torch.rand(3)
-    assert (torch.tensor([1e-30]) * 1e-10).item() == 0.0
-    prepare(PPOConfig(seed=3))
-    assert torch.equal(torch.rand(3), first)
+def denormals_flushed() -> bool:
+    return (torch.tensor([1e-30]) * 1e-10).item() == 0.0  # 1e-40 is a denormal float32
+
+
+def test_training_flushes_denormals_and_stops_after(logdir):
+    """Flushed during the run (speed: DQN's Adam moments decay into denormals), and the
+    process gets IEEE behaviour back afterwards, also for numpy in the same thread."""
+    seen = []
+    cfg = DQNConfig(
+        total_timesteps=300,
+        learning_starts=100,
+        logdir=logdir,
+        progress=False,
+        track_tensorboard=False,
+    )
+    assert not denormals_flushed()
+    dqn.train(cfg, on_step=lambda _: seen.append(denormals_flushed()))
+    assert seen and all(seen)
+    assert not denormals_flushed()
+    assert np.float64(5e-324) > 0

@@ -151,9 +151,12 @@ def train(
             # the network runs only when some env acts greedily.
             coins = np.random.random((2, cfg.num_envs))  # one RNG call: explore?, which action
             explore = coins[0] < epsilon
-            action = (coins[1] * num_actions).astype(np.int64)
-            if not explore.all():
-                action = np.where(explore, action, greedy_actions(obs))
+            if explore.all():
+                action = (coins[1] * num_actions).astype(np.int64)
+            else:
+                action = greedy_actions(obs)
+                if explore.any():
+                    action = np.where(explore, (coins[1] * num_actions).astype(np.int64), action)
             next_obs, reward, terminated, truncated, _ = envs.step(action)
 
             # -- store -----------------------------------------------------------------
