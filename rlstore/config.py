@@ -48,7 +48,7 @@ class CommonConfig:
     device: str = "auto"
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
-    """auto: the env's own vectorized implementation (when it has one) from 4 envs on,
+    """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
     max_episode_steps: int | None = None
     """Override the env's time limit (episodes are truncated after this many steps)."""

@@ -42,9 +42,10 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     raise UsageError(f"unknown env id '{env_id}'{hint}")
 
 
-# A native vector step has a fixed cost (CartPole: ~43 us for 1 or 4 envs) where sync pays
-# per env (~5 + 10 us x N): below 4 envs sync is faster (17 us for 1 env).
-NATIVE_MIN_ENVS = 4
+# A native vector step has a fixed cost (CartPole: ~42 us for 1 to 16 envs) where the lean
+# sync step pays per env (~3 + 7 us x N: 10 us for 1 env, 31 for 4, 46 for 6): below 6
+# envs sync is faster.
+NATIVE_MIN_ENVS = 6
 
 
 def make_vec_env(

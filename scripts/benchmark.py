@@ -154,7 +154,8 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float, device: str, ppo_
 
 
 def child_floor(device_name: str, num_envs: int) -> dict:
-    """The PPO batch shape's floor: a raw native env step and a policy forward."""
+    """The PPO batch shape's floor: a raw env step (the vector env the run uses) and a
+    policy forward."""
     import numpy as np
     import torch
 
@@ -207,6 +208,7 @@ def child_floor(device_name: str, num_envs: int) -> dict:
         collect_s = (time.perf_counter() - start) / (rollouts * cfg.num_steps)
         run.close()
     return {
+        "env": type(envs).__name__,
         "env_step_us": env_s * 1e6,
         "forward_us": forward_s * 1e6,
         "collect_step_us": collect_s * 1e6,
@@ -351,7 +353,7 @@ def main() -> None:
         )
     lines += [
         "",
-        f"Floor of the PPO batch shape ({args.ppo_envs} native CartPole envs, policy on "
+        f"Floor of the PPO batch shape ({args.ppo_envs} CartPole envs in {floor['env']}, policy on "
         f"{args.device}): env step "
         f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us; rlstore's "
         f"collect loop {floor['collect_step_us']:.0f} us per vector step = "

@@ -38,11 +38,11 @@ def test_same_seed_same_observations_and_action_samples():
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
-def test_auto_prefers_native_vectorization_from_4_envs():
-    envs = make_vec_env("CartPole-v1", 4, seed=0)
+def test_auto_prefers_native_vectorization_from_6_envs():
+    envs = make_vec_env("CartPole-v1", 6, seed=0)
     assert type(envs).__name__ == "CartPoleVectorEnv"
     envs.close()
-    envs = make_vec_env("CartPole-v1", 2, seed=0)  # fewer: sync steps faster
+    envs = make_vec_env("CartPole-v1", 5, seed=0)  # fewer: sync steps faster
     assert isinstance(envs, gym.vector.SyncVectorEnv)
     envs.close()
     envs = make_vec_env("Acrobot-v1", 2, seed=0)  # no vector_entry_point
