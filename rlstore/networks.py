@@ -1,4 +1,5 @@
-"""Networks: the actor-critic of PPO and A2C. They know nothing about storage or envs."""
+"""Networks: the actor-critic of PPO and A2C, the Q-network of DQN and its greedy actor.
+They know nothing about storage or envs."""
 
 from __future__ import annotations
 
