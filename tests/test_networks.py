@@ -112,3 +112,13 @@ def test_greedy_actor_follows_parameter_updates_and_moves():
     with torch.no_grad():
         q_network.advantage.bias.copy_(torch.tensor([0.0, 100.0, 0.0]))
     np.testing.assert_array_equal(actor(obs), np.ones(512, dtype=np.int64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_greedy_actor_on_cuda_picks_the_cpu_networks_argmax():
+    torch.manual_seed(2)
+    q_network = QNetwork(4, 3)
+    obs = np.random.default_rng(2).normal(size=(64, 4)).astype(np.float32)
+    expected, clear = torch_greedy(q_network, obs)
+    actions = GreedyActor(q_network.to("cuda"))(obs)  # the torch path, on the GPU
+    np.testing.assert_array_equal(actions[clear], expected[clear])
