@@ -12,10 +12,14 @@ from rlstore.envs import make_vec_env
 from rlstore.storage import SumTree
 
 
-def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None):
+def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None, reset_prob=0.0):
     """Add `steps` NEXT_STEP vector steps whose observations are unique ids.
 
-    Returns the real transitions per env in order: (obs id, reward, next obs id, term, trunc).
+    With `reset_prob`, each env is also reset by hand before a step with that probability
+    (a partial reset, as `envs.reset(options={"reset_mask": m})` does): its stream is cut
+    and its next step is a real one, even after a done.
+    Returns the real transitions per env in order: [obs id, reward, next obs id, term,
+    trunc, cut], where cut says that the env's stream was reset right after it.
     """
     N = buffer.num_envs
     counter = counter if counter is not None else [0]
@@ -27,6 +31,13 @@ def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None):
     obs, prev_done = fresh(), np.zeros(N, bool)
     transitions = [[] for _ in range(N)]
     for _ in range(steps):
+        reset = rng.random(N) < reset_prob
+        if reset.any():
+            obs = np.where(reset[:, None], fresh(), obs)
+            prev_done = prev_done & ~reset
+            for e in np.flatnonzero(reset):
+                if transitions[e]:
+                    transitions[e][-1][5] = True
         next_obs = fresh()
         kind = rng.random(N)
         term = (kind < done_prob / 2) & ~prev_done
@@ -35,7 +46,9 @@ def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None):
         buffer.add(obs, rng.integers(0, 2, N), reward, next_obs, term, trunc)
         for e in range(N):
             if not prev_done[e]:
-                transitions[e].append((obs[e, 0], reward[e], next_obs[e, 0], term[e], trunc[e]))
+                transitions[e].append(
+                    [obs[e, 0], reward[e], next_obs[e, 0], term[e], trunc[e], False]
+                )
         prev_done, obs = term | trunc, next_obs
     return transitions
 
@@ -50,7 +63,7 @@ def test_ring_wraps_and_counts():
     assert len(buffer) == 6  # capacity reached, oldest overwritten
     kept = buffer.sample(500).obs[:, 0].unique()
     assert len(kept) == 6 and kept.min() >= 100 + 2 * 2  # only the newest 3 steps x 2 envs
-    assert transitions  # (the first stream has been overwritten entirely)
+    assert not {float(t[0]) for env in transitions for t in env} & set(kept.tolist())
 
 
 @pytest.mark.parametrize("vectorization", ["native", "sync"])
@@ -120,39 +133,83 @@ def naive_n_step(transitions, n, gamma):
         for j, (obs, *_rest) in enumerate(env_transitions):
             total, k, term = 0.0, 0, False
             while True:
-                _, reward, next_obs, t, tr = env_transitions[j + k]
+                _, reward, next_obs, t, tr, cut = env_transitions[j + k]
                 total += gamma**k * reward
                 k += 1
-                if t or tr or k == n or j + k == len(env_transitions):
+                if t or tr or cut or k == n or j + k == len(env_transitions):
                     term = bool(t)
                     break
             out[float(obs)] = (total, float(next_obs), gamma**k, term)
     return out
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(1, 5),
     num_envs=st.integers(1, 3),
     steps=st.integers(1, 40),
     done_prob=st.floats(0.0, 0.5),
+    reset_prob=st.sampled_from([0.0, 0.1, 0.3]),
     seed=st.integers(0, 2**31),
 )
-def test_n_step_targets_match_naive_reference(n, num_envs, steps, done_prob, seed):
+def test_n_step_targets_match_naive_reference(n, num_envs, steps, done_prob, reset_prob, seed):
+    """Random dones and random partial resets: every sampled target equals the naive one,
+    and nothing else (no pseudo-step, no break row) is ever sampled."""
     rng = np.random.default_rng(seed)
     buffer = ReplayBuffer(
         capacity=1000, num_envs=num_envs, obs_shape=(1,), n_step=n, gamma=0.9, seed=seed
     )
-    transitions = scalar_stream(buffer, steps, rng, done_prob)
+    transitions = scalar_stream(buffer, steps, rng, done_prob, reset_prob=reset_prob)
     expected = naive_n_step(transitions, n, 0.9)
     assert len(buffer) == len(expected)
-    batch = buffer.sample(200)
-    for i in range(200):
-        ret, next_obs, discount, term = expected[float(batch.obs[i, 0])]
-        assert float(batch.rewards[i]) == pytest.approx(ret, abs=1e-5)
-        assert float(batch.next_obs[i, 0]) == next_obs
-        assert float(batch.discounts[i]) == pytest.approx(discount)
-        assert bool(batch.terminated[i]) == term
+    batch = buffer.sample(3000)  # 3000 draws over at most 120 transitions: all of them
+    obs = batch.obs[:, 0].numpy()
+    assert set(obs.tolist()) == set(expected)
+    want = np.array([expected[o] for o in obs.tolist()], dtype=np.float64)
+    np.testing.assert_allclose(batch.rewards.numpy(), want[:, 0], atol=1e-5)
+    np.testing.assert_array_equal(batch.next_obs[:, 0].numpy(), want[:, 1])
+    np.testing.assert_allclose(batch.discounts.numpy(), want[:, 2], rtol=1e-6)
+    np.testing.assert_array_equal(batch.terminated.numpy(), want[:, 3].astype(bool))
+
+
+def test_partial_reset_is_decided_env_by_env():
+    """The issue's example: env 0 terminates, then only env 1 is reset by hand. Env 0's
+    next step is a pseudo-step; env 1's old stream ends without a done."""
+    b = ReplayBuffer(100, 2, (1,), seed=0)
+
+    def f(a, c):
+        return np.array([[a], [c]], np.float32)
+
+    no, a0 = np.zeros(2, bool), np.zeros(2, np.int64)
+    b.add(f(0, 10), a0, np.ones(2), f(1, 11), np.array([True, False]), no)  # env 0 terminates
+    b.add(f(1, 50), a0, np.array([0.0, 1.0]), f(100, 51), no, no)  # only env 1 was reset
+    assert len(b) == 3
+    batch = b.sample(300)
+    pairs = {(float(o), float(n)) for o, n in zip(batch.obs[:, 0], batch.next_obs[:, 0])}
+    assert pairs == {(0.0, 1.0), (10.0, 11.0), (50.0, 51.0)}
+
+
+def test_n_step_windows_go_on_over_another_envs_reset():
+    """Env 1 is reset by hand mid-stream; env 0's 3-step windows are not cut by it."""
+    b = ReplayBuffer(100, 2, (1,), n_step=3, gamma=0.5, seed=0)
+    a0, no = np.zeros(2, np.int64), np.zeros(2, bool)
+    steps = [((0, 10), (1, 11)), ((1, 50), (2, 51)), ((2, 51), (3, 52))]  # env 1 reset to 50
+    for (o0, o1), (n0, n1) in steps:
+        obs, nxt = np.array([[o0], [o1]], np.float32), np.array([[n0], [n1]], np.float32)
+        b.add(obs, a0, np.ones(2), nxt, no, no)
+    batch = b.sample(400)
+    got = {
+        float(o): (float(r), float(n), float(d))
+        for o, r, n, d in zip(batch.obs[:, 0], batch.rewards, batch.next_obs[:, 0], batch.discounts)
+    }
+    assert got == {
+        0.0: (1.75, 3.0, 0.125),  # 1 + 0.5 + 0.25 over the break row
+        1.0: (1.5, 3.0, 0.25),
+        2.0: (1.0, 3.0, 0.5),
+        10.0: (1.0, 11.0, 0.5),  # cut by its own reset: bootstraps from 11
+        50.0: (1.5, 52.0, 0.25),
+        51.0: (1.0, 52.0, 0.5),
+    }
 
 
 def test_n_step_never_reads_across_the_cursor_after_wrapping():
@@ -238,6 +295,26 @@ def test_sampling_frequencies_follow_priority_to_the_alpha():
     assert np.all(np.abs(counts - draws * expected) < 5 * sigma)
 
 
+def test_a_new_transition_in_a_sampled_slot_keeps_the_max_priority():
+    """Sample, let the ring overwrite the sampled slots, then update: the stale TD errors
+    must not land on the new transitions, which entered with the max priority."""
+    rng = np.random.default_rng(6)
+    buffer = ReplayBuffer(4, 1, (1,), prioritized=True, alpha=1.0, priority_eps=0.0, seed=6)
+    scalar_stream(buffer, 4, rng)
+    batch = buffer.sample(32)
+    buffer.update_priorities(batch.indices, torch.full((32,), 0.5))  # stored: 0.5 each
+    assert set(buffer.tree.leaves[buffer.valid.reshape(-1).numpy()].tolist()) == {0.5}
+    batch = buffer.sample(32)
+    scalar_stream(buffer, 5, rng, counter=[100])  # every sampled transition leaves
+    buffer.update_priorities(batch.indices, torch.full((32,), 10.46))
+    valid = buffer.valid.reshape(-1).numpy()
+    assert set(buffer.tree.leaves[valid].tolist()) == {1.0}  # the max priority seen
+    assert buffer.max_priority == 1.0
+    batch = buffer.sample(8)  # and transitions still stored are updated as before
+    buffer.update_priorities(batch.indices, torch.full((8,), 3.0))
+    assert buffer.max_priority == 3.0 and 3.0 in buffer.tree.leaves
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     size=st.integers(1, 70),
@@ -298,6 +375,17 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="prioritized and uniform"):
         ReplayBuffer(**{**kwargs, "prioritized": not prioritized}).load(tmp_path / "replay.pt")
+    for name, other in [("n_step", 1), ("gamma", 0.5), ("alpha", 0.3)]:
+        with pytest.raises(ValueError, match=f"saved buffer has {name}="):
+            ReplayBuffer(**{**kwargs, name: other}).load(tmp_path / "replay.pt")
+
+
+def test_capacity_is_rounded_up_to_whole_rows():
+    buffer = ReplayBuffer(capacity=10, num_envs=4, obs_shape=(1,), seed=0)
+    assert buffer.capacity == 12
+    rng = np.random.default_rng(0)
+    scalar_stream(buffer, 20, rng)
+    assert len(buffer) == 12  # all 10 asked for are kept, never fewer
 
 
 def test_uint8_observations_stay_uint8_and_memory_per_transition():

@@ -8,8 +8,13 @@ NEXT_STEP autoreset, where the stream of observations of one env is
     o_0, o_1, ..., o_final, o_reset, o'_1, ...
 The step taken at o_final is a pseudo-step (action ignored, reward 0, next obs o_reset): it
 gets a row, marked invalid and never sampled, whose observation slot holds o_final, the
-true final observation that a truncated transition bootstraps from. `add` checks that each
-call continues the stream (its obs is the previous call's next_obs).
+true final observation that a truncated transition bootstraps from. `add` checks, env by
+env, that each call continues the stream (its obs is the previous call's next_obs).
+
+When some env's stream breaks (a manual or partial reset, or SAME_STEP autoreset), a break
+row keeps every env's previous next_obs and holds no transition. For the envs whose stream
+goes on through it, the break row is a bridge: it repeats their observation, and n-step
+windows step over it.
 
 The row at the write cursor holds the newest next_obs and no transition, so a buffer of
 capacity C per env keeps C + 1 rows. n-step windows stop at the first done, at the newest
@@ -17,7 +22,10 @@ row, and never read across the cursor.
 
 Prioritized replay (proportional, Schaul et al. 2016): a sum tree over all (row, env)
 slots holds priority^alpha; invalid slots hold 0. New transitions get the maximum priority
-seen so far; importance weights (N * P(i))^-beta are divided by the batch maximum.
+seen so far; importance weights (N * P(i))^-beta are divided by the batch maximum. A
+sampled batch's `indices` name transitions, not slots: `write * num_envs + env`, where
+`write` counts the rows written so far. So update_priorities can tell a transition that
+is still stored from a new one that has since taken its slot, and leaves the new one alone.
 """
 
 from __future__ import annotations
@@ -150,14 +158,16 @@ class ReplayBuffer:
         priority_eps: float = 1e-6,
         seed: int | None = None,
     ) -> None:
-        if num_envs < 1 or capacity < num_envs:
-            raise ValueError(f"capacity ({capacity}) must be at least num_envs ({num_envs}) >= 1")
+        if num_envs < 1 or capacity < 1:
+            raise ValueError(f"capacity ({capacity}) and num_envs ({num_envs}) must be >= 1")
         if n_step < 1:
             raise ValueError(f"n_step must be at least 1, got {n_step}")
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-        self.capacity, self.num_envs = capacity, num_envs
-        self.rows = capacity // num_envs + 1  # + the cursor row (newest next_obs, no transition)
+        # Whole rows of num_envs transitions: a capacity that is not a multiple of num_envs
+        # is rounded up, never down.
+        self.rows = -(-capacity // num_envs) + 1  # + the cursor row (newest next_obs only)
+        self.capacity, self.num_envs = (self.rows - 1) * num_envs, num_envs
         self.obs_shape, self.action_shape = tuple(obs_shape), tuple(action_shape)
         self.device = torch.device(device)
         self.sample_device = torch.device(sample_device) if sample_device else self.device
@@ -173,6 +183,7 @@ class ReplayBuffer:
         self.terminated = torch.zeros((R, N), dtype=torch.bool)
         self.truncated = torch.zeros((R, N), dtype=torch.bool)
         self.valid = torch.zeros((R, N), dtype=torch.bool)  # False: pseudo-step, break, cursor
+        self.bridge = torch.zeros((R, N), dtype=torch.bool)  # a break row the stream goes on over
         self._host = {name: getattr(self, name).numpy() for name in self._HOST_TENSORS}
         # A CPU buffer writes its observations through a numpy view too.
         self._obs_view = self.obs.numpy() if self.device.type == "cpu" else None
@@ -186,6 +197,7 @@ class ReplayBuffer:
         # np.array_equal at these sizes. None: unknown (fresh, or just loaded).
         self._last_next_obs: tuple[np.dtype, bytes] | None = None
         self._last_done = np.zeros(num_envs, dtype=bool)
+        self._bridge_rows: set[int] = set()  # rows with a bridge (rare): n-step checks them
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -211,24 +223,38 @@ class ReplayBuffer:
         reward = host_array(reward, "reward", (N,), torch.float32)
         terminated = host_array(terminated, "terminated", (N,), torch.bool)
         truncated = host_array(truncated, "truncated", (N,), torch.bool)
-        if self.added == 0:
-            continues = False
-        elif self._last_next_obs is not None:
-            continues = (obs.dtype, obs.tobytes()) == self._last_next_obs
-        else:  # just loaded from a state dict
-            continues = np.array_equal(self.obs[self.cursor].cpu().numpy(), obs)
-        if continues:
+        continues = self._continues(obs)
+        if continues is None:
             valid = ~self._last_done  # the step after a done is a pseudo-step
         else:
-            if self.added:  # a break row keeps the previous next_obs and holds no transition
+            if self.added:  # a break row keeps every env's previous next_obs
                 no = np.zeros(N, dtype=bool)
-                self._advance(self._host["actions"][self.cursor], np.zeros(N), no, no, no)
+                actions = self._host["actions"][self.cursor]
+                self._advance(actions, np.zeros(N), no, no, no, bridge=continues)
             self._put_obs(self.cursor, obs)
-            valid = np.ones(N, dtype=bool)
+            valid = np.where(continues, ~self._last_done, True)
         self._put_obs((self.cursor + 1) % self.rows, next_obs)
         self._advance(action, reward, terminated, truncated, valid)
         self._last_next_obs = (next_obs.dtype, next_obs.tobytes())
         self._last_done = terminated | truncated
+
+    def _continues(self, obs: np.ndarray) -> np.ndarray | None:
+        """Per env, whether `obs` is the previous add's next_obs (its stream goes on); None
+        when every env's does (the usual case, told at once by comparing bytes)."""
+        N = self.num_envs
+        if self.added == 0:
+            return np.zeros(N, dtype=bool)
+        if self._last_next_obs is None:  # just loaded: compare with the stored row
+            previous = self.obs[self.cursor].cpu().numpy()
+        elif (obs.dtype, obs.tobytes()) == self._last_next_obs:
+            return None
+        else:
+            dtype, data = self._last_next_obs
+            previous = np.frombuffer(data, dtype=dtype)
+        if previous.dtype != obs.dtype:
+            return np.zeros(N, dtype=bool)
+        continues = (previous.reshape(N, -1) == obs.reshape(N, -1)).all(axis=1)
+        return None if continues.all() else continues
 
     def _put_obs(self, row: int, obs: np.ndarray) -> None:
         if self._obs_view is not None:
@@ -236,7 +262,7 @@ class ReplayBuffer:
         else:
             copy_in(self.obs[row], torch.from_numpy(obs))
 
-    def _advance(self, action, reward, terminated, truncated, valid) -> None:
+    def _advance(self, action, reward, terminated, truncated, valid, bridge=None) -> None:
         """Fill the cursor row's transition fields (its obs is in place), move the cursor on."""
         N, row, host = self.num_envs, self.cursor, self._host
         nxt = (row + 1) % self.rows
@@ -245,6 +271,13 @@ class ReplayBuffer:
         host["terminated"][row] = terminated
         host["truncated"][row] = truncated
         host["valid"][row] = valid
+        if self._bridge_rows:  # this row is rewritten, the next one becomes the cursor row
+            for old in {row, nxt} & self._bridge_rows:
+                host["bridge"][old] = False
+                self._bridge_rows.discard(old)
+        if bridge is not None and bridge.any():
+            host["bridge"][row] = bridge
+            self._bridge_rows.add(row)
         # The next row's obs now holds our next_obs: no transition there yet.
         self._count += np.count_nonzero(valid) - np.count_nonzero(host["valid"][nxt])
         host["valid"][nxt] = False
@@ -273,7 +306,7 @@ class ReplayBuffer:
         """A batch of `batch_size` transitions drawn with replacement, on `sample_device`.
 
         Uniform, or proportional to priority^alpha with importance weights for `beta`.
-        `indices` (for update_priorities) stay in host memory.
+        `indices` (for update_priorities) name the transitions and stay in host memory.
         """
         if self._count == 0:
             raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
@@ -306,8 +339,15 @@ class ReplayBuffer:
             terminated=scalars[2].bool(),
             discounts=scalars[1],
             weights=scalars[3],
-            indices=torch.from_numpy(flat),
+            indices=torch.from_numpy(self._transition_ids(flat)),
         )
+
+    def _transition_ids(self, flat: np.ndarray) -> np.ndarray:
+        """write * num_envs + env for flat slots: `write` is the add count when the row was
+        written, the latest write to that row (rows are written in turn, write % rows)."""
+        row, env = np.divmod(flat, self.num_envs)
+        write = self.added - 1 - (self.added - 1 - row) % self.rows
+        return write * self.num_envs + env
 
     def _uniform(self, batch_size: int) -> np.ndarray:
         """Flat slots drawn uniformly from the valid ones, by rejection (few are invalid)."""
@@ -340,8 +380,11 @@ class ReplayBuffer:
         terminated = terminated_flags[index]
         open_ = ~(terminated | truncated_flags[index])
         end = (index + N) % size
+        bridge = self._host["bridge"].reshape(-1) if self._bridge_rows else None
         for _ in range(1, self.n_step):
             slot = end
+            while bridge is not None and bridge[slot].any():  # the stream goes on after it
+                slot = np.where(bridge[slot], (slot + N) % size, slot)
             # invalid rows end the window: the cursor row, pseudo-steps and breaks
             open_ &= valid[slot]
             returns += open_ * discount * rewards[slot]
@@ -353,19 +396,28 @@ class ReplayBuffer:
         return returns, discount, terminated, end
 
     def update_priorities(self, indices: Array, td_errors: Array) -> None:
-        """Set the priorities of sampled transitions to (|td_error| + eps)^alpha."""
+        """Set the priorities of sampled transitions to (|td_error| + eps)^alpha.
+
+        `indices` are a batch's (transition ids). A transition that has left the buffer
+        since it was sampled is skipped, so a new one written into its slot keeps the
+        priority it entered with."""
         if self.tree is None:
             raise RuntimeError("update_priorities needs a prioritized buffer (prioritized=True)")
-        index = torch.as_tensor(indices).cpu().numpy()
+        ids = torch.as_tensor(indices).cpu().numpy()
         priority = np.abs(torch.as_tensor(td_errors).detach().cpu().numpy()) + self.priority_eps
+        write, env = np.divmod(ids, self.num_envs)
+        flat = (write % self.rows) * self.num_envs + env
+        # A row is rewritten rows writes later, and invalidated (as the cursor row) one before.
+        stored = (self.added - write < self.rows) & self._host["valid"].reshape(-1)[flat]
+        if not stored.any():
+            return
+        flat, priority = flat[stored], priority[stored]
         self.max_priority = max(self.max_priority, float(priority.max()))
-        # Slots overwritten since sampling (or now invalid) keep priority 0.
-        still_valid = self._host["valid"].reshape(-1)[index]
-        self.tree.update(index, np.where(still_valid, priority**self.alpha, 0.0))
+        self.tree.update(flat, priority**self.alpha)
 
     # -- persistence ------------------------------------------------------------------------
 
-    _HOST_TENSORS = ("actions", "rewards", "terminated", "truncated", "valid")
+    _HOST_TENSORS = ("actions", "rewards", "terminated", "truncated", "valid", "bridge")
     _TENSORS = ("obs", *_HOST_TENSORS)
 
     def state_dict(self) -> dict[str, Any]:
@@ -383,16 +435,24 @@ class ReplayBuffer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state_dict() into a buffer built with the same arguments."""
         if (state["priorities"] is None) != (self.tree is None):
             raise ValueError("prioritized and uniform buffers cannot load each other's state")
+        for name in ("n_step", "gamma", "alpha"):
+            if state[name] != getattr(self, name):
+                raise ValueError(
+                    f"the saved buffer has {name}={state[name]}, this one {getattr(self, name)}; "
+                    "build the buffer with the saved settings"
+                )
+        state = {"bridge": torch.zeros_like(self.bridge), **state}  # saved before bridges
         load_tensors(self, self._TENSORS, state)
         prev = (int(state["cursor"]) - 1) % self.rows
         self._last_next_obs = None
         self._last_done = self._host["terminated"][prev] | self._host["truncated"][prev]
         self._count = int(self._host["valid"].sum())
+        self._bridge_rows = set(np.flatnonzero(self._host["bridge"].any(axis=1)).tolist())
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
         self.max_priority = float(state["max_priority"])
-        self.n_step, self.gamma, self.alpha = int(state["n_step"]), state["gamma"], state["alpha"]
         if self.tree is not None:
             self.tree.update(np.arange(self.tree.size), state["priorities"].numpy())
         self.generator.bit_generator.state = state["rng"]
