@@ -8,6 +8,7 @@ tensors for that reason.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import sys
@@ -23,10 +24,12 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """torch.save to a temporary file in the same folder, flush, fsync, then rename."""
+    """torch.save to a temporary file in the same folder, flush, fsync, then rename. The file
+    gets the mode that open() would give it (mkstemp's own is private to the owner)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -37,13 +40,28 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 def safe_load(path: str | Path) -> Any:
     """torch.load without executing code; a clear ValueError when the file is not readable."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, garbage or foreign files all land here
-        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path} is not a readable checkpoint ({reason})") from None
+        raise ValueError(f"{path} is not a readable checkpoint ({_load_failure(e)})") from None
+
+
+def _load_failure(error: Exception) -> str:
+    """Why torch.load failed, in a few words (its own messages run to paragraphs)."""
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a file of tensors and plain values"
+    if isinstance(error, EOFError) or "zip archive" in str(error):
+        return "truncated or corrupt"
+    line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return line if len(line) <= 120 else line[:120].rsplit(" ", 1)[0] + " ..."
 
 
 def checkpoint_files(directory: Path) -> list[Path]:

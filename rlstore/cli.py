@@ -9,16 +9,21 @@ rlstore eval runs/CartPole-v1__ppo__1__1700000000 --episodes 20
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import importlib
+import io
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Union
+from typing import Any, Literal
 
 import tyro
 
+from rlstore import __version__
 from rlstore.config import (
     CONFIG_CLASSES,
     TrainingInterrupted,
@@ -30,7 +35,7 @@ from rlstore.config import (
 )
 
 USAGE = """\
-usage: rlstore {train,resume,eval} ...
+usage: rlstore {train,resume,eval} ... | rlstore --version
 
 rlstore: a reference RL trainer built around correct, resumable storage.
 
@@ -53,6 +58,13 @@ class ResumeArgs:
     """The run directory, runs/{env}__{algo}__{seed}__{time}."""
     total_timesteps: int | None = None
     """Train to this many env steps instead of the run's own total (extends schedules)."""
+    progress: bool = True
+    """Show a progress bar on stderr."""
+    device: str | None = None
+    """Continue on another device (auto, cpu, cuda, cuda:N); default: the run's own."""
+    torch_threads: int | Literal["auto"] | None = None
+    """Torch intra-op threads; default: the run's own setting. Another count can change the
+    arithmetic's rounding, so the resumed run may then differ from an uninterrupted one."""
 
 
 @dataclass
@@ -75,26 +87,56 @@ def parse_train(args: list[str]):
     """Parse `<algo> [flags]` into a config; presets and --config give the defaults."""
     if any(a == "--resume" or a.startswith("--resume=") for a in args):
         raise UsageError("to continue a run, use `rlstore resume runs/<dir>` (it reads the config)")
-    algo = next((a for a in args if not a.startswith("-")), None)
-    defaults, preset = None, None
-    if algo in CONFIG_CLASSES:
-        defaults, preset = resolve_defaults(algo, args[args.index(algo) + 1 :])
-    choices = [
-        Annotated[
-            cls,
-            tyro.conf.subcommand(
-                name, default=defaults if name == algo else None, description=cls.__doc__
-            ),
-        ]
-        for name, cls in CONFIG_CLASSES.items()
-    ]
-    cfg = tyro.cli(Union[tuple(choices)], args=args, prog="rlstore train")  # noqa: UP007
-    return algo, cfg, preset
+    algos = ", ".join(CONFIG_CLASSES)
+    if not args or args[0] in ("-h", "--help"):
+        if args:  # the algorithms and how to get each one's flags
+            print(USAGE, end="")
+            raise SystemExit(0)
+        raise UsageError(f"name an algorithm: rlstore train {{{algos}}} --env ENV_ID")
+    algo = args[0]
+    if algo.startswith("-"):
+        raise UsageError(f"name the algorithm first: rlstore train {{{algos}}} {' '.join(args)}")
+    if algo not in CONFIG_CLASSES:
+        close = difflib.get_close_matches(algo, CONFIG_CLASSES, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(f"unknown algorithm '{algo}'; {hint}choose one of {algos}")
+    defaults, preset = resolve_defaults(algo, args[1:])
+    cfg = parse_args(type(defaults), args[1:], f"rlstore train {algo}", default=defaults)
+    # --config may name a packaged preset: record the file it resolved to
+    return algo, dataclasses.replace(cfg, config=defaults.config), preset
+
+
+def parse_args(cls: type, args: list[str], prog: str, **kwargs: Any) -> Any:
+    """tyro.cli, with its parse errors turned into one-line UsageErrors (tyro draws a box)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(cls, args=args, prog=prog, **kwargs)
+    except SystemExit as e:
+        if not e.code:  # --help
+            raise
+        raise UsageError(f"{_box_message(captured.getvalue())}; see `{prog} --help`") from None
+
+
+def _box_message(text: str) -> str:
+    """The first section of a tyro error box, on one line."""
+    lines: list[str] = []
+    title = "invalid arguments"
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines():
+        inner = line.strip().strip("│╭╰╮╯").strip()
+        if "────" in inner:  # the title rule at the top, then a separator
+            if lines:
+                break
+            title = inner.strip("─ ")
+        elif inner:
+            lines.append(inner)
+    message = " ".join(lines) or title
+    return message.split(". Got errors:")[0]  # (a union's per-type attempts)
 
 
 def parse_resume(args: list[str]):
     """The config saved in the run directory, with --total-timesteps applied."""
-    parsed = tyro.cli(ResumeArgs, args=args, prog="rlstore resume")
+    parsed = parse_args(ResumeArgs, args, "rlstore resume")
     run_dir = Path(parsed.run_dir)
     record_path = run_dir / "config.json"
     if not record_path.is_file():
@@ -105,8 +147,12 @@ def parse_resume(args: list[str]):
     if algo not in CONFIG_CLASSES:
         raise UsageError(f"{record_path} names no known algorithm ({algo!r})")
     cfg = apply_overrides(CONFIG_CLASSES[algo](), read_config(record_path, "config"), "config")
-    if parsed.total_timesteps is not None:
-        cfg = dataclasses.replace(cfg, total_timesteps=parsed.total_timesteps)
+    # The options that do not change the algorithm; the rest is the run's own.
+    changes = {"progress": parsed.progress}
+    for name in ("total_timesteps", "device", "torch_threads"):
+        if getattr(parsed, name) is not None:
+            changes[name] = getattr(parsed, name)
+    cfg = dataclasses.replace(cfg, **changes)
     if not any((run_dir / "checkpoints").glob("step_*.pt")):
         raise UsageError(f"{run_dir} has no checkpoint to resume from")
     return algo, cfg, run_dir
@@ -117,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"rlstore {__version__}")
+        return 0
     command, rest = args[0], args[1:]
     from_run = None
     try:
@@ -126,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             algo, cfg, from_run = parse_resume(rest)
             preset = None
         elif command == "eval":
-            parsed = tyro.cli(EvalArgs, args=rest, prog="rlstore eval")
+            parsed = parse_args(EvalArgs, rest, "rlstore eval")
             from rlstore.evaluate import evaluate
 
             evaluate(parsed.run_dir, parsed.episodes, parsed.deterministic, parsed.video,
@@ -135,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise UsageError(f"unknown command '{command}'; try `rlstore --help`")
         validate(cfg)
-        if from_run is None:
-            print(f"rlstore: {algo} on {cfg.env_id}, preset: {preset or 'none (defaults)'}")
         module = importlib.import_module(f"rlstore.algos.{algo}")
         module.train(cfg, preset, resume=from_run)
     except UsageError as e:

@@ -32,6 +32,32 @@ class TrainingInterrupted(Exception):
         self.exit_code = 128 + signum
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The natural range of a numeric field; `validate` checks every field that has one."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # the low end itself is outside the range
+
+    def holds(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        return above and (self.high is None or value <= self.high)  # NaN fails both
+
+    def describe(self) -> str:
+        if self.high is not None:
+            return f"must lie in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        if self.low_open:
+            return f"must be > {self.low:g}"
+        return f"must be at least {self.low:g}"
+
+
+Positive = Annotated[float, Bound(0, low_open=True)]
+NonNegative = Annotated[float, Bound(0)]
+Fraction = Annotated[float, Bound(0, 1)]
+Count = Annotated[int, Bound(1)]  # one or more
+NonNegativeInt = Annotated[int, Bound(0)]
+
 EnvId = Annotated[str, tyro.conf.arg(name="env", aliases=("--env-id",))]
 
 
@@ -39,18 +65,22 @@ EnvId = Annotated[str, tyro.conf.arg(name="env", aliases=("--env-id",))]
 class CommonConfig:
     env_id: EnvId = "CartPole-v1"
     """Gymnasium environment id (alias: --env-id)."""
-    seed: int = 1
+    seed: NonNegativeInt = 1
     """Seed of python, numpy, torch and the environments."""
-    total_timesteps: int = 500_000
+    total_timesteps: Count = 500_000
     """Total environment steps (summed over all parallel envs)."""
-    num_envs: int = 4
+    num_envs: Count = 4
     """Number of parallel environments."""
     device: str = "auto"
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
+    torch_threads: Count | Literal["auto"] = "auto"
+    """Torch intra-op threads of this process. auto: 1, because rlstore's networks are small
+    MLPs that a second thread does not speed up, and spare threads spinning on shared cores
+    make several runs at once collapse. A number overrides it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
-    max_episode_steps: int | None = None
+    max_episode_steps: Count | None = None
     """Override the env's time limit (episodes are truncated after this many steps)."""
     logdir: str = "runs"
     """Parent directory of run directories."""
@@ -61,53 +91,72 @@ class CommonConfig:
     progress: bool = True
     """Show a progress bar on stderr."""
     config: str | None = None
-    """A TOML file of field = value overrides (applied after the preset, before flags)."""
-    checkpoint_every: int = 100_000
+    """A TOML file of field = value overrides (applied after the preset, before flags), or
+    the name of a packaged preset: `--config fast` is configs/<algo>/<env id>.fast.toml."""
+    checkpoint_every: NonNegativeInt = 100_000
     """Write a checkpoint every this many env steps (0: only at the end and on SIGINT/SIGTERM)."""
-    keep_checkpoints: int = 3
+    keep_checkpoints: Count = 3
     """Keep the newest K checkpoints."""
+
+    @property
+    def iteration_steps(self) -> int:
+        """Env steps per iteration of the training loop (one vector step)."""
+        return self.num_envs
+
+    @property
+    def steps_run(self) -> int:
+        """The env steps the run takes: total_timesteps rounded up to whole iterations."""
+        return -(-self.total_timesteps // self.iteration_steps) * self.iteration_steps
 
 
 @dataclass
 class PPOConfig(CommonConfig):
     """Proximal Policy Optimization (clipped objective, GAE, minibatch updates)."""
 
-    learning_rate: float = 2.5e-4
+    learning_rate: Positive = 2.5e-4
     """Adam learning rate."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over training."""
-    num_steps: int = 128
+    num_steps: Count = 128
     """Steps per environment per rollout."""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """Discount factor."""
-    gae_lambda: float = 0.95
+    gae_lambda: Fraction = 0.95
     """GAE lambda."""
     use_gae: bool = True
     """Use GAE; without it, returns are bootstrapped discounted sums (lambda = 1)."""
-    num_minibatches: int = 4
+    num_minibatches: Count = 4
     """Minibatches per epoch."""
-    update_epochs: int = 4
+    update_epochs: Count = 4
     """Epochs over each rollout."""
     norm_adv: bool = True
     """Normalize advantages per minibatch."""
-    clip_coef: float = 0.2
+    clip_coef: Positive = 0.2
     """Surrogate clipping coefficient."""
     clip_vloss: bool = True
     """Clip the value loss around the old value estimates."""
-    ent_coef: float = 0.01
+    ent_coef: NonNegative = 0.01
     """Entropy bonus coefficient."""
-    vf_coef: float = 0.5
+    vf_coef: NonNegative = 0.5
     """Value loss coefficient."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Positive = 0.5
     """Gradient norm clipping threshold."""
-    adam_eps: float = 1e-5
+    adam_eps: Positive = 1e-5
     """Adam epsilon."""
-    target_kl: float | None = None
+    target_kl: Positive | None = None
     """Stop the update epochs early when the approximate KL exceeds this."""
 
     @property
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
+
+    @property
+    def iteration_steps(self) -> int:
+        return self.batch_size
+
+    @property
+    def steps_run(self) -> int:
+        return self.num_iterations * self.batch_size
 
     @property
     def minibatch_size(self) -> int:
@@ -122,34 +171,42 @@ class PPOConfig(CommonConfig):
 class A2CConfig(CommonConfig):
     """Advantage Actor-Critic (synchronous, one update per rollout)."""
 
-    learning_rate: float = 7e-4
+    learning_rate: Positive = 7e-4
     """RMSprop learning rate."""
     anneal_lr: bool = False
     """Anneal the learning rate linearly to 0 over training."""
-    num_steps: int = 5
+    num_steps: Count = 5
     """Steps per environment per rollout."""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """Discount factor."""
-    gae_lambda: float = 1.0
+    gae_lambda: Fraction = 1.0
     """GAE lambda (1.0 gives the classic n-step bootstrapped returns)."""
     use_gae: bool = True
     """Use GAE; without it, returns are bootstrapped discounted sums (lambda = 1)."""
     norm_adv: bool = False
     """Normalize advantages over the rollout."""
-    ent_coef: float = 0.01
+    ent_coef: NonNegative = 0.01
     """Entropy bonus coefficient."""
-    vf_coef: float = 0.5
+    vf_coef: NonNegative = 0.5
     """Value loss coefficient."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: Positive = 0.5
     """Gradient norm clipping threshold."""
-    rmsprop_alpha: float = 0.99
+    rmsprop_alpha: Fraction = 0.99
     """RMSprop smoothing constant."""
-    rmsprop_eps: float = 1e-5
+    rmsprop_eps: Positive = 1e-5
     """RMSprop epsilon."""
 
     @property
     def batch_size(self) -> int:
         return self.num_envs * self.num_steps
+
+    @property
+    def iteration_steps(self) -> int:
+        return self.batch_size
+
+    @property
+    def steps_run(self) -> int:
+        return self.num_iterations * self.batch_size
 
     @property
     def num_iterations(self) -> int:
@@ -160,51 +217,51 @@ class A2CConfig(CommonConfig):
 class DQNConfig(CommonConfig):
     """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
 
-    num_envs: int = 1
+    num_envs: Count = 1
     """Number of parallel environments (step counters count env steps, summed over envs)."""
-    learning_rate: float = 2.5e-4
+    learning_rate: Positive = 2.5e-4
     """Adam learning rate."""
-    buffer_size: int = 10_000
+    buffer_size: Count = 10_000
     """Replay buffer capacity in transitions."""
     buffer_device: str = "auto"
     """Where the replay buffer lives: auto (the training device), cpu or cuda."""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """Discount factor."""
-    tau: float = 1.0
+    tau: Annotated[float, Bound(0, 1, low_open=True)] = 1.0
     """Target network update rate: 1.0 is a hard copy, less is a soft (Polyak) update."""
-    target_network_frequency: int = 500
+    target_network_frequency: Count = 500
     """Env steps between target network updates."""
-    batch_size: int = 128
+    batch_size: Count = 128
     """Transitions per gradient step."""
-    start_e: float = 1.0
+    start_e: Fraction = 1.0
     """Exploration epsilon at the start."""
-    end_e: float = 0.05
+    end_e: Fraction = 0.05
     """Exploration epsilon at the end of the decay."""
-    exploration_fraction: float = 0.5
+    exploration_fraction: Fraction = 0.5
     """Fraction of total_timesteps over which epsilon decays linearly from start_e to end_e."""
-    learning_starts: int = 10_000
+    learning_starts: NonNegativeInt = 10_000
     """Env steps of pure collection before the first gradient step."""
-    train_frequency: int = 10
+    train_frequency: Count = 10
     """Env steps between training phases."""
-    gradient_steps: int = 1
+    gradient_steps: Count = 1
     """Gradient steps per training phase."""
     loss: Literal["mse", "huber"] = "mse"
     """TD loss: mean squared error or Huber (smooth L1)."""
-    max_grad_norm: float | None = None
+    max_grad_norm: Positive | None = None
     """Clip the gradient norm to this value (no clipping when unset)."""
     double_dqn: bool = False
     """Double DQN: the online network picks the next action, the target network values it."""
     dueling: bool = False
     """Dueling head: Q = V + A - mean(A)."""
-    n_step: int = 1
+    n_step: Count = 1
     """n-step returns (1 is the classic one-step target)."""
     prioritized: bool = False
     """Prioritized experience replay (proportional)."""
-    per_alpha: float = 0.6
+    per_alpha: Fraction = 0.6
     """PER priority exponent alpha in [0, 1] (0 is uniform)."""
-    per_beta: float = 0.4
+    per_beta: Fraction = 0.4
     """PER importance-sampling exponent at the start; annealed linearly to 1 over training."""
-    per_eps: float = 1e-6
+    per_eps: Positive = 1e-6
     """Added to |TD error| so that no priority is zero."""
 
 
@@ -224,10 +281,13 @@ def preset_path(algo: str, env_id: str) -> Path:
     return PRESET_DIR / algo / f"{safe}.toml"
 
 
+def _strip_annotated(tp: Any) -> Any:
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp
+
+
 def _type_ok(value: Any, tp: Any) -> bool:
+    tp = _strip_annotated(tp)
     origin = typing.get_origin(tp)
-    if origin is Annotated:
-        return _type_ok(value, typing.get_args(tp)[0])
     if origin in (typing.Union, types.UnionType):
         return any(_type_ok(value, arg) for arg in typing.get_args(tp))
     if origin is Literal:
@@ -258,7 +318,7 @@ def apply_overrides(cfg: CommonConfig, overrides: dict[str, Any], source: str) -
             raise UsageError(
                 f"{source}: '{key}' = {value!r} has the wrong type; expected {hints[name]}"
             )
-        if hints[name] is float and isinstance(value, int):
+        if _strip_annotated(hints[name]) is float and isinstance(value, int):
             value = float(value)
         changes[name] = value
     return dataclasses.replace(cfg, **changes)
@@ -271,7 +331,7 @@ def read_config(path: Path, what: str) -> dict[str, Any]:
     try:
         if path.suffix == ".json":
             data = json.loads(path.read_text())
-            for key in ("algo", "preset", "config"):  # bookkeeping of a run's config.json
+            for key in ("algo", "preset", "config", "resolved"):  # bookkeeping of config.json
                 data.pop(key, None)
             return data
         with open(path, "rb") as f:
@@ -299,9 +359,12 @@ def resolve_defaults(algo: str, args: list[str]) -> tuple[CommonConfig, Path | N
     Flags are applied afterwards by tyro. Returns the config and the preset used (or None).
     """
     cfg = CONFIG_CLASSES[algo]()
-    config_file = _scan_flag(args, ("--config",))
-    file_overrides = read_config(Path(config_file), "--config file") if config_file else {}
+    config_arg = _scan_flag(args, ("--config",))
     env_id = _scan_flag(args, ("--env", "--env-id"))
+    config_file = None
+    if config_arg:
+        config_file = find_config_file(config_arg, algo, env_id or cfg.env_id)
+    file_overrides = read_config(config_file, "--config file") if config_file else {}
     if env_id is None:
         env_id = file_overrides.get("env_id", file_overrides.get("env", cfg.env_id))
     preset = preset_path(algo, str(env_id))
@@ -311,71 +374,73 @@ def resolve_defaults(algo: str, args: list[str]) -> tuple[CommonConfig, Path | N
         preset = None
     if config_file:
         cfg = apply_overrides(cfg, file_overrides, f"--config file {config_file}")
-        cfg = dataclasses.replace(cfg, config=config_file)
+        cfg = dataclasses.replace(cfg, config=str(config_file))
     return cfg, preset
 
 
+def find_config_file(value: str, algo: str, env_id: str) -> Path:
+    """A --config value: a file, or the name of a packaged preset
+    (configs/<algo>/<env id>.<name>.toml), so that `--config fast` works from any directory."""
+    path = Path(value)
+    if path.is_file() or "/" in value or path.suffix in (".toml", ".json"):
+        return path  # read_config says so if it does not exist
+    stem = preset_path(algo, env_id).stem
+    named = PRESET_DIR / algo / f"{stem}.{value}.toml"
+    if named.is_file():
+        return named
+    names = sorted(
+        p.name[len(stem) + 1 : -len(".toml")] for p in named.parent.glob(f"{stem}.*.toml")
+    )
+    offer = f"; presets for {algo} on {env_id}: {', '.join(names)}" if names else ""
+    raise UsageError(f"--config '{value}' is neither a file nor a packaged preset{offer}")
+
+
 def validate(cfg: CommonConfig) -> None:
-    """Cheap checks that need no env and no network: fail before anything is built."""
-    if cfg.num_envs < 1:
-        raise UsageError(f"--num-envs must be at least 1 (got {cfg.num_envs})")
-    if cfg.checkpoint_every < 0 or cfg.keep_checkpoints < 1:
-        raise UsageError("--checkpoint-every must be >= 0 and --keep-checkpoints >= 1")
-    if cfg.max_episode_steps is not None and cfg.max_episode_steps < 1:
-        raise UsageError(f"--max-episode-steps must be at least 1 (got {cfg.max_episode_steps})")
-    if getattr(cfg, "num_steps", 1) < 1:
-        raise UsageError(f"--num-steps must be at least 1 (got {cfg.num_steps})")
-    batch = getattr(cfg, "batch_size", None)
-    if batch is not None and cfg.total_timesteps < batch:
+    """Every check that needs no env and no network, in one place: each numeric field
+    against its Bound, then the combinations. Fails before anything is built."""
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        bound = _bound(hints[field.name])
+        if bound is not None and isinstance(value, (int, float)) and not bound.holds(value):
+            raise UsageError(f"{flag(field.name)} {bound.describe()} (got {value})")
+    if isinstance(cfg, (PPOConfig, A2CConfig)) and cfg.total_timesteps < cfg.batch_size:
         raise UsageError(
             f"--total-timesteps {cfg.total_timesteps} is smaller than one rollout "
-            f"(num_envs x num_steps = {batch}); raise --total-timesteps or lower --num-steps"
+            f"(num_envs x num_steps = {cfg.batch_size}); raise --total-timesteps or lower "
+            "--num-steps"
         )
-    if isinstance(cfg, PPOConfig):
-        if cfg.num_minibatches < 1 or cfg.batch_size % cfg.num_minibatches:
-            raise UsageError(
-                f"--num-minibatches {cfg.num_minibatches} does not divide the batch "
-                f"(num_envs x num_steps = {cfg.batch_size}); pick a divisor of {cfg.batch_size}"
-            )
-        if cfg.update_epochs < 1:
-            raise UsageError(f"--update-epochs must be at least 1 (got {cfg.update_epochs})")
+    if isinstance(cfg, PPOConfig) and cfg.batch_size % cfg.num_minibatches:
+        raise UsageError(
+            f"--num-minibatches {cfg.num_minibatches} does not divide the batch "
+            f"(num_envs x num_steps = {cfg.batch_size}); pick a divisor of {cfg.batch_size}"
+        )
     if isinstance(cfg, DQNConfig):
-        _validate_dqn(cfg)
-    for name in ("gamma", "gae_lambda"):
-        value = getattr(cfg, name, None)
-        if value is not None and not 0.0 <= value <= 1.0:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} must lie in [0, 1] (got {value})")
+        if cfg.buffer_size < cfg.num_envs:
+            raise UsageError(
+                f"--buffer-size {cfg.buffer_size} must be at least --num-envs {cfg.num_envs}"
+            )
+        if cfg.batch_size > cfg.buffer_size:
+            raise UsageError(
+                f"--batch-size {cfg.batch_size} must lie in [1, --buffer-size "
+                f"{cfg.buffer_size}]; lower the batch size or enlarge the buffer"
+            )
+        if cfg.learning_starts > cfg.total_timesteps:
+            raise UsageError(
+                f"--learning-starts {cfg.learning_starts} is larger than --total-timesteps "
+                f"{cfg.total_timesteps}: training would never start; lower it"
+            )
 
 
-def _validate_dqn(cfg: DQNConfig) -> None:
-    if cfg.buffer_size < cfg.num_envs:
-        raise UsageError(
-            f"--buffer-size {cfg.buffer_size} must be at least --num-envs {cfg.num_envs}"
-        )
-    if cfg.batch_size < 1 or cfg.batch_size > cfg.buffer_size:
-        raise UsageError(
-            f"--batch-size {cfg.batch_size} must lie in [1, --buffer-size {cfg.buffer_size}]; "
-            "lower the batch size or enlarge the buffer"
-        )
-    if cfg.learning_starts > cfg.total_timesteps:
-        raise UsageError(
-            f"--learning-starts {cfg.learning_starts} is larger than --total-timesteps "
-            f"{cfg.total_timesteps}: training would never start; lower it"
-        )
-    if cfg.n_step < 1:
-        raise UsageError(f"--n-step must be at least 1 (got {cfg.n_step})")
-    if not 0.0 <= cfg.per_alpha <= 1.0:
-        raise UsageError(f"--per-alpha must lie in [0, 1] (got {cfg.per_alpha})")
-    if not 0.0 <= cfg.per_beta <= 1.0:
-        raise UsageError(f"--per-beta must lie in [0, 1] (got {cfg.per_beta})")
-    if not 0.0 < cfg.tau <= 1.0:
-        raise UsageError(f"--tau must lie in (0, 1] (got {cfg.tau})")
-    for name in ("target_network_frequency", "train_frequency", "gradient_steps"):
-        if getattr(cfg, name) < 1:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} must be at least 1 (got {getattr(cfg, name)})")
-    for name in ("start_e", "end_e", "exploration_fraction"):
-        if not 0.0 <= getattr(cfg, name) <= 1.0:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} must lie in [0, 1] (got {getattr(cfg, name)})")
+def flag(name: str) -> str:
+    """The command-line flag of a config field."""
+    return "--" + name.replace("_", "-")
+
+
+def _bound(tp: Any) -> Bound | None:
+    """The Bound in a field's type (Annotated, possibly inside a union), if any."""
+    if typing.get_origin(tp) is Annotated:
+        return next((m for m in tp.__metadata__ if isinstance(m, Bound)), None)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(filter(None, map(_bound, typing.get_args(tp))), None)
+    return None

@@ -7,6 +7,7 @@ import json
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -55,13 +56,34 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def prepare(cfg: CommonConfig) -> torch.device:
-    """Check everything that can be checked before building anything; seed; return the device."""
+def prepare(cfg: CommonConfig, resume_dir: Path | None = None) -> torch.device:
+    """Check everything that can be checked before building anything, set torch's threads,
+    seed; return the device."""
     validate(cfg)
     check_env_id(cfg.env_id)
     device = resolve_device(cfg.device)
+    check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
+    torch.set_num_threads(1 if cfg.torch_threads == "auto" else cfg.torch_threads)
     seed_everything(cfg.seed)
     return device
+
+
+def check_writable_dir(path: Path) -> None:
+    """A UsageError unless `path` is, or can be made, a directory this process can write
+    to. Creates nothing: the nearest existing ancestor is probed with a temporary file."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--logdir {path}: {existing} is a file; give a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"--logdir {path}: cannot write in {existing} ({e.strerror}); "
+            "give a directory you can write to"
+        ) from None
 
 
 def seed_everything(seed: int) -> None:
@@ -86,8 +108,9 @@ def new_run_dir(logdir: str, env_id: str, name: str, seed: int) -> Path:
 class Progress:
     """A one-line progress bar on stderr; on a non-terminal, a plain line every 10 seconds."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True) -> None:
+    def __init__(self, total: int, label: str, enabled: bool = True, start_step: int = 0) -> None:
         self.total, self.label, self.enabled = total, label, enabled
+        self.start_step = start_step  # steps done before this process (a resumed run)
         self.tty = sys.stderr.isatty()
         self.start = time.perf_counter()
         self.last_draw = 0.0
@@ -100,7 +123,7 @@ class Progress:
             return
         self.last_draw = now
         elapsed = max(now - self.start, 1e-9)
-        sps = step / elapsed
+        sps = (step - self.start_step) / elapsed
         frac = min(step / self.total, 1.0)
         ret = "-" if recent_return is None else f"{recent_return:.1f}"
         eta = (self.total - step) / sps if sps > 0 else 0.0
@@ -181,17 +204,33 @@ class Run:
             self.resumed = self._load_checkpoint()
         record = {"algo": algo, "preset": str(preset) if preset else None}
         record.update(dataclasses.asdict(cfg))
+        # What "auto" became on this machine (read back by nobody: a resume resolves again).
+        record["resolved"] = {"device": str(device), "torch_threads": torch.get_num_threads()}
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         self.writer = None
         if cfg.track_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            purge = self.global_step if self.resumed is not None else None
+            # Everything at the checkpoint's own step was logged before it was written.
+            purge = self.global_step + 1 if self.resumed is not None else None
             self.writer = SummaryWriter(str(self.dir), purge_step=purge)
             if self.resumed is None:
                 rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
                 self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
-        self.progress = Progress(cfg.total_timesteps, f"{algo} {cfg.env_id}", cfg.progress)
+        if self.resumed is None:
+            print(
+                f"rlstore: {algo} on {cfg.env_id}, preset: {preset or 'none'}, "
+                f"config file: {cfg.config or 'none'}; run directory {self.dir}"
+            )
+            if cfg.steps_run != cfg.total_timesteps:
+                print(
+                    f"rlstore: --total-timesteps {cfg.total_timesteps:,} is not a whole number "
+                    f"of iterations of {cfg.iteration_steps:,} env steps; the run takes "
+                    f"{cfg.steps_run:,}"
+                )
+        self.progress = Progress(
+            cfg.steps_run, f"{algo} {cfg.env_id}", cfg.progress, self.global_step
+        )
         self.start = time.perf_counter()
         self.start_step = self.global_step
         self.stop_signal: int | None = None
@@ -249,7 +288,10 @@ class Run:
         """At a step boundary: on a pending SIGINT/SIGTERM, checkpoint and stop."""
         if self.stop_signal is not None:
             path = self.save_checkpoint(state())
-            print(f"rlstore: checkpoint {path}", file=sys.stderr)
+            print(
+                f"rlstore: checkpoint {path}; continue with: rlstore resume {self.dir}",
+                file=sys.stderr,
+            )
             raise TrainingInterrupted(self.stop_signal)
 
     def _load_checkpoint(self) -> dict[str, Any]:
@@ -305,8 +347,7 @@ class Run:
         """Whether the update just done should log its scalars (always the last one)."""
         return (
             self.global_step - self.last_log_step >= self.LOG_EVERY_STEPS
-            or self.global_step + self.cfg.num_envs * getattr(self.cfg, "num_steps", 1)
-            > self.cfg.total_timesteps
+            or self.global_step >= self.cfg.steps_run
         )
 
     def log_scalars(self, scalars: dict[str, Any]) -> None:

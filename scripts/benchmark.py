@@ -4,6 +4,7 @@
     python scripts/benchmark.py                        # PPO and DQN, seeds 1-3
     python scripts/benchmark.py --algos ppo --seeds 1 --ppo-steps 100000
     python scripts/benchmark.py --algos ppo --device cuda --ppo-envs 1024 --ppo-steps 2000000
+    python scripts/benchmark.py --parallel 1 2 3        # K copies of one command at once
 
 Each run is its own process (so imports and start-up count), runs alternate between the
 two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
@@ -11,6 +12,12 @@ from launch until the mean return of the last 20 episodes first reaches 475 ('-'
 not within the budget), and peak RSS. Then the ratios rlstore / SB3 (medians), and the floor
 of the PPO batch shape: raw env step time and policy forward time, against which rlstore's
 collect loop is compared. Writes docs/benchmark.json and docs/benchmark.md.
+
+--parallel K...: runs K copies of `rlstore train ALGO --env CartPole-v1 --total-timesteps
+N` as users run it (the console command, default options and threads, seeds 1..K) at the
+same time, for each K, and reports the aggregate env steps/s (the sum of the copies' own
+steps/s) and the wall time. Runs sharing the cores must not collapse: the aggregate at K = 3
+on 2 cores should be at least the K = 1 figure. Writes docs/parallel.md and .json.
 
 Hyperparameters match: PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
 minibatches, lr 2.5e-4 annealed, clip 0.2 with value clipping, 64-64 tanh actor and critic,
@@ -23,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -228,6 +238,94 @@ def child_main(spec: dict) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+# -- parallel mode -----------------------------------------------------------------------------
+
+SUMMARY = re.compile(r": ([\d,]+) steps in ([\d.]+) s \(([\d,]+) steps/s\)")
+
+
+def run_parallel(k: int, algo: str, steps: int, extra: list[str]) -> dict:
+    """K copies of one `rlstore train` command at once; each one's steps/s from its summary."""
+    with tempfile.TemporaryDirectory() as logdir:
+        start = time.perf_counter()
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rlstore",
+                    "train",
+                    algo,
+                    "--env",
+                    "CartPole-v1",
+                    "--total-timesteps",
+                    str(steps),
+                    "--seed",
+                    str(seed),
+                    "--no-progress",
+                    "--checkpoint-every",
+                    "0",
+                    "--logdir",
+                    logdir,
+                    *extra,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for seed in range(1, k + 1)
+        ]
+        outputs = [proc.communicate(timeout=7200) for proc in procs]
+        wall = time.perf_counter() - start
+    per_run = []
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        match = SUMMARY.search(out)
+        if proc.returncode != 0 or match is None:
+            raise RuntimeError(f"a copy failed ({proc.returncode}):\n{err[-2000:]}")
+        per_run.append(float(match.group(3).replace(",", "")))
+    return {"k": k, "sps": per_run, "aggregate_sps": sum(per_run), "wall_s": wall}
+
+
+def parallel_main(args: argparse.Namespace) -> None:
+    results = []
+    for k in args.parallel:
+        result = run_parallel(k, args.parallel_algo, args.parallel_steps, args.extra)
+        results.append(result)
+        print(
+            f"K = {k}: aggregate {result['aggregate_sps']:,.0f} steps/s "
+            f"(each: {', '.join(f'{s:,.0f}' for s in result['sps'])}), "
+            f"wall {result['wall_s']:.1f} s",
+            flush=True,
+        )
+    base = next((r["aggregate_sps"] for r in results if r["k"] == 1), None)
+    command = " ".join(
+        ["python scripts/benchmark.py --parallel", *map(str, args.parallel),
+         "--parallel-algo", args.parallel_algo, "--parallel-steps", str(args.parallel_steps),
+         *(["--extra", *args.extra] if args.extra else [])]
+    )  # fmt: skip
+    lines = [
+        f"# Runs sharing the machine: {args.parallel_algo} on CartPole-v1",
+        "",
+        f"`{command}` on {platform.machine()} ({os.cpu_count()} cores), "
+        f"{time.strftime('%Y-%m-%d')}: K copies of `rlstore train {args.parallel_algo} --env "
+        f"CartPole-v1 --total-timesteps {args.parallel_steps}` at once, default threads.",
+        "",
+        "| K | aggregate steps/s | vs K = 1 | each copy's steps/s | wall s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        ratio = f"x{r['aggregate_sps'] / base:.2f}" if base else "-"
+        each = ", ".join(f"{s:,.0f}" for s in r["sps"])
+        lines.append(
+            f"| {r['k']} | {r['aggregate_sps']:,.0f} | {ratio} | {each} | {r['wall_s']:.1f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"runs": results}, indent=2) + "\n")
+
+
 # -- parent ------------------------------------------------------------------------------------
 
 
@@ -257,7 +355,13 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
-    parser.add_argument("--out", default="docs/benchmark")
+    parser.add_argument("--out", help="default docs/benchmark, or docs/parallel with --parallel")
+    parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
+    parser.add_argument("--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn"])
+    parser.add_argument("--parallel-steps", type=int, default=50_000)
+    parser.add_argument(
+        "--extra", nargs=argparse.REMAINDER, default=[], help="more flags for each copy"
+    )
     parser.add_argument(
         "--rlstore-config",
         nargs="+",
@@ -271,6 +375,11 @@ def main() -> None:
         "--ppo-envs", type=int, default=4, help="PPO envs (a large native batch: e.g. 1024)"
     )
     args = parser.parse_args()
+    if args.parallel:
+        args.out = args.out or "docs/parallel"
+        parallel_main(args)
+        return
+    args.out = args.out or "docs/benchmark"
 
     configs = dict(item.split("=", 1) for item in args.rlstore_config)
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")

@@ -46,7 +46,7 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    device = prepare(cfg)
+    device = prepare(cfg, resume)
     setup = OnPolicySetup(cfg, device)
     agent, storage = setup.agent, setup.storage
     optimizer = torch.optim.RMSprop(

@@ -73,7 +73,7 @@ def train(
     watch the target network and epsilon).
     """
     # -- build ---------------------------------------------------------------------------
-    device = prepare(cfg)
+    device = prepare(cfg, resume)
     envs = make_vec_env(
         cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps
     )

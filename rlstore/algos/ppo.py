@@ -66,7 +66,7 @@ def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    device = prepare(cfg)
+    device = prepare(cfg, resume)
     setup = OnPolicySetup(cfg, device)
     agent, storage = setup.agent, setup.storage
     # fused: one kernel for all parameters instead of a Python loop over them
