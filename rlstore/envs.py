@@ -24,9 +24,25 @@ from gymnasium.vector import AutoresetMode
 
 from rlstore.config import UsageError
 
+# Env families that need an optional dependency: (entry-point module prefix or id
+# prefix, what it needs, the rlstore extra that installs it).
+EXTRAS = (
+    ("gymnasium.envs.box2d", "Box2D", "box2d"),
+    ("gymnasium.envs.mujoco", "MuJoCo", "mujoco"),
+    ("ALE/", "ale-py (the Atari emulator)", "atari"),
+)
+
+
+def missing_extra(name: str) -> str:
+    """The one-line error for an env whose optional dependency is not installed."""
+    for prefix, needs, extra in EXTRAS:
+        if name.startswith(prefix):
+            return f'needs {needs}, which is not installed: pip install "rlstore[{extra}]"'
+    return "needs a package that is not installed"
+
 
 def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The env's spec, or a UsageError that suggests close matches."""
+    """The env's spec, or a UsageError that suggests close matches or the missing extra."""
     if ":" in env_id:  # "module:EnvId" registers its envs on import, as gym.make does
         module, _, env_id = env_id.partition(":")
         try:
@@ -35,11 +51,35 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
             raise UsageError(
                 f"cannot import module '{module}' named in the env id; install it first"
             ) from None
-    if env_id in gym.registry:
-        return gym.spec(env_id)
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry()"
-    raise UsageError(f"unknown env id '{env_id}'{hint}")
+    if env_id not in gym.registry:  # maybe an Atari id: ale-py registers them on import
+        try:
+            gym.register_envs(importlib.import_module("ale_py"))
+        except ImportError:
+            if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+                raise UsageError(f"{env_id} {missing_extra('ALE/')}") from None
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(f"unknown env id '{env_id}'{hint or '; see gymnasium.pprint_registry()'}")
+    spec = gym.spec(env_id)
+    if isinstance(spec.entry_point, str):  # its module imports the optional dependency
+        module = spec.entry_point.partition(":")[0]
+        try:
+            importlib.import_module(module)
+        except (ImportError, gym.error.DependencyNotInstalled):
+            raise UsageError(f"{env_id} {missing_extra(module)}") from None
+    return spec
+
+
+def check_observations(env_id: str, space: gym.Space) -> None:
+    """rlstore's networks are MLPs over vector observations: refuse anything else."""
+    if not isinstance(space, spaces.Box):
+        raise UsageError(f"{env_id} has observation space {space}; rlstore needs a Box")
+    if len(space.shape) >= 2 and space.dtype == np.uint8:
+        raise UsageError(
+            f"{env_id} has image observations {space.shape} {space.dtype}; rlstore has no "
+            "convolutional network yet, only MLPs for vector observations"
+        )
 
 
 # A native vector step has a fixed cost (CartPole: ~42 us for 1 to 16 envs) where the lean
@@ -80,6 +120,11 @@ def make_vec_env(
         envs = LeanSyncVectorEnv([functools.partial(gym.make, spec.id, **kwargs)] * num_envs)
     else:
         envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+    try:
+        check_observations(env_id, envs.single_observation_space)
+    except UsageError:
+        envs.close()
+        raise
     mode_of_envs = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     assert mode_of_envs == AutoresetMode.NEXT_STEP, (
         f"rlstore needs NEXT_STEP autoreset, {env_id} uses {mode_of_envs}"

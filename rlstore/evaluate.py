@@ -18,7 +18,10 @@ from rlstore.run import POLICY_FORMAT
 
 
 class Policy:
-    """A trained policy: maps observations (one, or a batch) to actions as numpy arrays."""
+    """A trained policy: maps observations (one, or a batch) to actions as numpy arrays.
+
+    `value(obs)` gives the critic's V (PPO, A2C) and `q_values(obs)` the Q-values (DQN).
+    """
 
     def __init__(self, network: torch.nn.Module, info: dict[str, Any], record: dict[str, Any]):
         self.network = network.eval()
@@ -27,12 +30,38 @@ class Policy:
         self.global_step = record.get("global_step", 0)
         self.obs_shape = tuple(info["obs_shape"])
 
-    @torch.inference_mode()
-    def __call__(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    @property
+    def greedy(self) -> bool:
+        """DQN acts greedily on its Q-values; there is no distribution to sample."""
+        return isinstance(self.network, QNetwork)
+
+    def _batch(self, obs: np.ndarray) -> tuple[torch.Tensor, bool]:
         obs = np.asarray(obs)
         single = obs.shape == self.obs_shape
-        x = torch.as_tensor(obs[None] if single else obs)
-        if isinstance(self.network, QNetwork):  # greedy: DQN acts on argmax Q
+        return torch.as_tensor(obs[None] if single else obs), single
+
+    @torch.inference_mode()
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) of the actor-critic (PPO, A2C): a float, or one per row of a batch."""
+        if self.greedy:
+            raise TypeError(f"a {self.algo} policy has Q-values, not a value: use q_values()")
+        x, single = self._batch(obs)
+        value = self.network.value(x).numpy()
+        return value[0] if single else value
+
+    @torch.inference_mode()
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """Q(obs, a) for every action (DQN): shape (num_actions,), or (batch, num_actions)."""
+        if not self.greedy:
+            raise TypeError(f"a {self.algo} policy has a value, not Q-values: use value()")
+        x, single = self._batch(obs)
+        q = self.network(x).numpy()
+        return q[0] if single else q
+
+    @torch.inference_mode()
+    def __call__(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        x, single = self._batch(obs)
+        if self.greedy:
             action = self.network(x).argmax(-1)
         elif deterministic:
             action = self.network.deterministic_action(x)
@@ -128,7 +157,7 @@ def evaluate(
     env.close()
     result = {
         "episodes": episodes,
-        "deterministic": deterministic,
+        "deterministic": deterministic or policy.greedy,
         "model": str(source),
         "global_step": policy.global_step,
         "mean_return": float(np.mean(returns)),
@@ -145,9 +174,9 @@ def evaluate(
         with SummaryWriter(str(run_dir)) as writer:
             writer.add_scalar("eval/episodic_return", result["mean_return"], policy.global_step)
             writer.add_scalar("eval/episodic_length", result["mean_length"], policy.global_step)
+    how = "greedy" if policy.greedy else "deterministic" if deterministic else "stochastic"
     print(
-        f"eval {policy.algo} {policy.env_id} ({episodes} episodes, "
-        f"{'deterministic' if deterministic else 'stochastic'}): "
+        f"eval {policy.algo} {policy.env_id} ({episodes} episodes, {how}): "
         f"return {result['mean_return']:.1f} +- {result['std_return']:.1f}, "
         f"length {result['mean_length']:.1f} +- {result['std_length']:.1f}"
         + (f"; video in {run_dir / 'videos'}" if video else "")

@@ -32,6 +32,18 @@ def run_main(args, logdir, capsys):
         (["dqn", "--total-timesteps", "5000"], "--learning-starts 10000 is larger than"),
         (["dqn", "--n-step", "0"], "--n-step must be at least 1"),
         (["dqn", "--per-alpha", "1.5"], "--per-alpha must lie in [0, 1]"),
+        (["ppo", "--learning-rate", "-1"], "--learning-rate must be > 0 (got -1.0)"),
+        (["a2c", "--learning-rate", "nan"], "--learning-rate must be > 0 (got nan)"),
+        (["ppo", "--seed", "-1"], "--seed must be at least 0 (got -1)"),
+        (["dqn", "--tau", "0"], "--tau must lie in (0, 1] (got 0.0)"),
+        (["ppo", "--torch-threads", "0"], "--torch-threads must be at least 1 (got 0)"),
+        (["ppo", "--num-envs", "four"], "Error parsing --num-envs"),
+        (["ppo", "--vectorization", "fast"], "invalid choice 'fast'"),
+        (["ppo", "--bogus", "3"], "Unrecognized options: --bogus"),
+        (["ppx"], "unknown algorithm 'ppx'; did you mean 'ppo'?"),
+        (["--env", "CartPole-v1", "ppo"], "name the algorithm first"),
+        (["ppo", "--config", "fastest"], "--config 'fastest' is neither a file nor a packaged"),
+        (["ppo", "--env", "FrozenLake-v1"], "FrozenLake-v1 has observation space Discrete(16)"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, message, logdir, capsys):
@@ -39,7 +51,92 @@ def test_bad_input_gives_one_line_and_exit_2(args, message, logdir, capsys):
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("rlstore: error: ")
     assert message in err
+    assert "rlstore ppo --help" not in err and "Traceback" not in err
     assert not Path(logdir).exists()  # nothing was created
+
+
+def test_every_bounded_field_is_checked_before_anything_is_built():
+    """Each numeric field with a natural range refuses a value just outside it, naming
+    its flag; the check reads the ranges off the config's own fields."""
+    import dataclasses
+    import typing
+
+    from rlstore.config import CONFIG_CLASSES, UsageError, _bound, flag, validate
+
+    checked = 0
+    for cls in CONFIG_CLASSES.values():
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for field in dataclasses.fields(cls):
+            bound = _bound(hints[field.name])
+            if bound is None:
+                continue
+            low = bound.low - (0 if bound.low_open else 1)
+            for bad in [low] + ([bound.high + 0.5] if bound.high is not None else []):
+                with pytest.raises(UsageError, match=f"^{flag(field.name)} must "):
+                    validate(dataclasses.replace(cls(), **{field.name: bad}))
+                checked += 1
+    assert checked >= 60  # every learning rate, coefficient, count and fraction
+
+
+def test_logdir_that_cannot_hold_runs(tmp_path, capsys):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("precious")
+    for logdir, message in [
+        (a_file, "notes.txt is a file; give a directory"),
+        (a_file / "runs", "notes.txt is a file; give a directory"),
+        (Path("/proc/rlstore-runs"), "cannot write in /proc"),
+    ]:
+        code = main(["train", "ppo", "--logdir", str(logdir), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and f"--logdir {logdir}: " in err
+        assert message in err
+    assert a_file.read_text() == "precious" and list(tmp_path.iterdir()) == [a_file]
+
+
+def test_dqn_total_timesteps_error_names_its_own_flags(logdir, capsys):
+    code, err = run_main(["dqn", "--total-timesteps", "100"], logdir, capsys)
+    assert code == 2 and "--learning-starts 10000 is larger than" in err
+    assert "--num-steps" not in err
+
+
+@pytest.mark.parametrize(
+    "env_id, module, extra",
+    [
+        ("LunarLander-v3", "Box2D", "box2d"),
+        ("CarRacing-v3", "Box2D", "box2d"),
+        ("HalfCheetah-v5", "mujoco", "mujoco"),
+        ("ALE/Pong-v5", "ale_py", "atari"),
+        ("BreakoutNoFrameskip-v4", "ale_py", "atari"),
+    ],
+)
+def test_an_env_without_its_extra_names_the_extra(env_id, module, extra, logdir, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed")
+    code, err = run_main(["ppo", "--env", env_id], logdir, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f'pip install "rlstore[{extra}]"' in err
+    assert not Path(logdir).exists()
+
+
+def test_image_observations_are_refused_until_there_is_a_cnn(logdir, capsys):
+    import gymnasium as gym
+    import numpy as np
+
+    class Images(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+    gym.register("rlstore-test/Images-v0", entry_point=Images, max_episode_steps=10)
+    try:
+        for algo in ("ppo", "dqn"):
+            code, err = run_main([algo, "--env", "rlstore-test/Images-v0"], logdir, capsys)
+            assert code == 2 and err.count("\n") == 1
+            assert "image observations (96, 96, 3) uint8; rlstore has no convolutional" in err
+    finally:
+        del gym.registry["rlstore-test/Images-v0"]
+    assert not Path(logdir).exists()
 
 
 def test_config_file_with_unknown_or_mistyped_keys(tmp_path, logdir, capsys):
@@ -59,7 +156,11 @@ def test_config_file_with_unknown_or_mistyped_keys(tmp_path, logdir, capsys):
 def test_unknown_command_and_missing_algorithm(capsys):
     assert main(["trian", "ppo"]) == 2
     assert "unknown command 'trian'" in capsys.readouterr().err
-    assert main([]) == 2
+    assert main([]) == 2  # no command: the usage, exit 2
+    assert "usage: rlstore" in capsys.readouterr().out
+    assert main(["train"]) == 2  # no algorithm
+    err = capsys.readouterr().err
+    assert err == "rlstore: error: name an algorithm: rlstore train {ppo, a2c, dqn} --env ENV_ID\n"
 
 
 def test_console_script_exit_status_and_no_traceback(tmp_path):

@@ -125,7 +125,10 @@ def test_broken_and_garbage_checkpoints_fall_back_to_the_newest_valid(tmp_path, 
     capsys.readouterr()
     resumed = ppo.train(cfg, resume=full.run_dir)
     err = capsys.readouterr()
-    assert err.err.count("warning: skipping") == 2 and "not a readable checkpoint" in err.err
+    warnings = [line for line in err.err.splitlines() if "warning: skipping" in line]
+    assert len(warnings) == 2 and all(w.endswith(")") for w in warnings)  # whole words
+    assert any("(truncated or corrupt)" in w for w in warnings)
+    assert any("(not a file of tensors and plain values)" in w for w in warnings)
     assert f"resuming from {previous}" in err.out
     assert same_params(params(resumed.model), params(full.model))
 
@@ -158,6 +161,23 @@ def test_checkpoint_of_another_algorithm_or_env_is_refused(tmp_path, capsys):
     shutil.copy(newest, ppo_run / "checkpoints" / f"step_{10**9:012d}.pt")
     assert main(["resume", str(ppo_run), "--total-timesteps", str(10**9)]) == 2
     assert "is a checkpoint of dqn on CartPole-v1, not of ppo" in capsys.readouterr().err
+
+
+def test_resume_takes_run_time_options_and_files_share_one_mode(tmp_path, capsys):
+    """`rlstore resume DIR --no-progress --device cpu --torch-threads 1` continues the run;
+    model.pt and checkpoints get the same file mode as the run's other files."""
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    for later in checkpoint_files(run_dir / "checkpoints")[:2]:
+        later.unlink()
+    args = ["resume", str(run_dir), "--no-progress", "--device", "cpu", "--torch-threads", "1"]
+    assert main(args) == 0
+    assert "resuming from" in capsys.readouterr().out
+    mode = (run_dir / "config.json").stat().st_mode
+    files = [run_dir / "model.pt", *checkpoint_files(run_dir / "checkpoints")]
+    assert {f.stat().st_mode for f in files} == {mode}
+    assert main(["resume", str(run_dir), "--learning-rate", "1"]) == 2  # not a run-time option
+    assert "Unrecognized options: --learning-rate" in capsys.readouterr().err
 
 
 def test_resume_bad_input(tmp_path, capsys):
@@ -220,6 +240,7 @@ def test_sigint_and_sigterm_write_a_checkpoint_and_exit_130_143(tmp_path):
         assert "Traceback" not in err
         (run_dir,) = logdir.iterdir()
         assert len(checkpoint_files(run_dir / "checkpoints")) == 1
+        assert f"continue with: rlstore resume {run_dir}\n" in err
 
 
 def test_eval_and_load_policy(tmp_path, capsys):
@@ -233,10 +254,16 @@ def test_eval_and_load_policy(tmp_path, capsys):
     assert len(result["returns"]) == 3 and result["mean_return"] == np.mean(result["returns"])
     assert all(length <= 60 for length in result["lengths"])  # the run's own time limit
     policy = rlstore.load_policy(run_dir)
-    obs = np.zeros((5, 4), np.float32)
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     actions = policy(obs)
     assert actions.shape == (5,) and set(actions.tolist()) <= {0, 1}
     assert policy(obs[0]).shape == ()
+    with torch.no_grad():  # the value is the critic's, for a batch or one observation
+        critic = policy.network.critic(torch.from_numpy(obs)).squeeze(-1).numpy()
+    np.testing.assert_allclose(policy.value(obs), critic, rtol=1e-6)
+    assert policy.value(obs[0]) == pytest.approx(critic[0], rel=1e-6)
+    with pytest.raises(TypeError, match="use value"):
+        policy.q_values(obs)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir))
@@ -244,10 +271,19 @@ def test_eval_and_load_policy(tmp_path, capsys):
     assert "eval/episodic_return" in events.Tags()["scalars"]
 
 
-def test_eval_dqn_and_continuous_policies(tmp_path):
+def test_eval_dqn_and_continuous_policies(tmp_path, capsys):
     _, cfg = SETUPS["dqn"]
     run_dir = dqn.train(replace(cfg, logdir=str(tmp_path / "d"))).run_dir
+    capsys.readouterr()
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    assert "eval dqn CartPole-v1 (2 episodes, greedy): return" in capsys.readouterr().out
+    policy = rlstore.load_policy(run_dir)
+    obs = np.random.default_rng(1).normal(size=(6, 4)).astype(np.float32)
+    q = policy.q_values(obs)
+    assert q.shape == (6, 2) and policy.q_values(obs[0]).shape == (2,)
+    np.testing.assert_array_equal(policy(obs), q.argmax(-1))  # acts greedily on them
+    with pytest.raises(TypeError, match="use q_values"):
+        policy.value(obs)
     run_dir = ppo.train(PPOConfig(env_id="Pendulum-v1", total_timesteps=512, num_steps=64,
                                   logdir=str(tmp_path / "p"), **COMMON)).run_dir  # fmt: skip
     policy = rlstore.load_policy(run_dir / "model.pt")

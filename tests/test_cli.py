@@ -121,9 +121,85 @@ def test_precedence_defaults_preset_config_flags(tmp_path, monkeypatch):
 
 
 def test_shipped_presets_are_valid():
-    for path in config.PRESET_DIR.glob("*/*.toml"):
+    found = sorted(config.PRESET_DIR.glob("*/*.toml"))
+    names = {f"{p.parent.name}/{p.name}" for p in found}
+    assert {"ppo/CartPole-v1.fast.toml", "dqn/CartPole-v1.fast.toml"} <= names
+    for path in found:
         algo = path.parent.name
         cfg = config.apply_overrides(
             config.CONFIG_CLASSES[algo](), config.read_config(path, "preset"), str(path)
         )
-        config.validate(cfg)
+        config.validate(cfg)  # raises UsageError for an invalid preset
+        assert path.name.startswith(cfg.env_id + ".") or path.stem == cfg.env_id
+
+
+def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatch, capsys):
+    """`--config fast` is the packaged preset from any directory; the first line names it
+    and the run directory; a total that is not whole rollouts is said to be rounded."""
+    monkeypatch.chdir(tmp_path)  # not the repository: the name must resolve to the package
+    logdir = str(tmp_path / "runs")
+    args = ["train", "ppo", "--config", "fast", "--total-timesteps", "1000", "--logdir", logdir]
+    assert main([*args, "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    run_dir = only_run_dir(logdir)
+    fast = config.PRESET_DIR / "ppo" / "CartPole-v1.fast.toml"
+    assert out[0] == (
+        f"rlstore: ppo on CartPole-v1, preset: none, config file: {fast}; run directory {run_dir}"
+    )
+    record = json.loads((run_dir / "config.json").read_text())
+    rollout = record["num_envs"] * record["num_steps"]
+    assert out[1] == (
+        f"rlstore: --total-timesteps 1,000 is not a whole number of iterations of {rollout:,} "
+        f"env steps; the run takes {1000 - 1000 % rollout:,}"
+    )
+    assert record["config"] == str(fast) and record["resolved"] == {
+        "device": "cpu",
+        "torch_threads": 1,
+    }
+
+
+def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
+    import torch
+
+    from rlstore.algos import dqn
+
+    seen = []
+    for threads in ("auto", 2):
+        torch.set_num_threads(3)
+        cfg = config.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
+                               logdir=logdir, progress=False, track_tensorboard=False)  # fmt: skip
+        dqn.train(cfg, on_step=lambda _: seen.append(torch.get_num_threads()))
+        assert set(seen) == {1 if threads == "auto" else 2}
+        seen.clear()
+    torch.set_num_threads(1)
+    _, cfg, _ = parse_train(["ppo", "--torch-threads", "4"])
+    assert cfg.torch_threads == 4
+    _, cfg, _ = parse_train(["ppo"])
+    assert cfg.torch_threads == "auto"
+
+
+def test_version_and_help(capsys):
+    import rlstore
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"rlstore {rlstore.__version__}\n"
+    with pytest.raises(SystemExit) as exit_info:  # as tyro does for `train ppo --help`
+        main(["train", "--help"])
+    assert exit_info.value.code == 0 and "train ppo" in capsys.readouterr().out
+
+
+def test_tyro_errors_are_one_line_naming_the_subcommand_help(logdir, capsys):
+    assert main(["train", "dqn", "--n-step", "three", "--logdir", logdir]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Error parsing --n-step" in err
+    assert err.rstrip().endswith("see `rlstore train dqn --help`")
+
+
+def test_progress_counts_only_this_process_steps(monkeypatch, capsys):
+    from rlstore import run
+
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))
+    progress = run.Progress(200_000, "ppo CartPole-v1", start_step=100_000)
+    progress.update(150_000, 500.0, force=True)  # 50,000 steps in 10 s of this process
+    assert " 5,000 steps/s" in capsys.readouterr().err

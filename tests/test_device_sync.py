@@ -1,83 +1,123 @@
 """The GPU path makes no host/device synchronisation in the loop beyond the env boundary.
 
-CI has no GPU, so the same code runs with its tensors on PyTorch's "meta" device: meta
-tensors have no data, and anything that reads device data on the host (`.item()`,
-`bool(t)`, `.cpu()`, `nonzero`, boolean-mask indexing) raises. A storage or update step
-that passes here does not wait for a GPU either. With a GPU present, the same steps also
-run on CUDA under torch's sync debug mode.
+CI has no GPU, so the real loop code (the on-policy collect loop, returns and PPO update;
+DQN's acting, replay and gradient step) runs with its tensors on PyTorch's "meta" device:
+meta tensors have no data, and anything that reads device data on the host (`.item()`,
+`bool(t)`, `.numpy()`, `nonzero`, boolean-mask indexing) raises. The one read allowed is
+the env boundary, the `.cpu()` of the actions: the tests stand in for it (on meta it
+returns zeros) and count it, once per vector step at most. With a GPU present, the same
+code runs on CUDA under torch's sync debug mode, the env boundary alone excepted.
+
+Two torch internals cannot run on meta tensors (the foreach gradient clipping and the
+optimizers' step); on meta the tests replace them, on CUDA they run for real.
 """
 
 import contextlib
+import copy
 
-import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from rlstore import ActorCritic, PPOConfig, QNetwork, ReplayBuffer, RolloutStorage
-from rlstore.algos.dqn import td_loss
-from rlstore.algos.ppo import ppo_loss
-from rlstore.config import DQNConfig
-from rlstore.storage.rollout import to_device
+from rlstore import QNetwork, ReplayBuffer
+from rlstore.algos.common import OnPolicySetup
+from rlstore.algos.dqn import epsilon_greedy, gradient_step, update_target
+from rlstore.algos.ppo import ppo_update
+from rlstore.config import DQNConfig, PPOConfig
+from rlstore.networks import GreedyActor
+from rlstore.run import Run
 
 N, T = 4, 16
 
 
-def env_outputs(rng):
-    """One vector step's host-side env outputs: next_obs, reward, terminated, truncated."""
-    kind = rng.random(N)
-    return (
-        rng.normal(size=(N, 4)).astype(np.float32),
-        rng.normal(size=N),
-        kind < 0.1,
-        (kind >= 0.1) & (kind < 0.2),
-    )
+@pytest.fixture
+def env_boundary(monkeypatch):
+    """Counts the device -> host copies of the loop; on meta, stands in for them."""
+    calls = []
+    real_cpu = torch.Tensor.cpu
+
+    def cpu(self, *args, **kwargs):
+        if self.device.type == "cpu":
+            return real_cpu(self, *args, **kwargs)
+        calls.append(tuple(self.shape))
+        if self.device.type == "meta":
+            return torch.zeros(self.shape, dtype=self.dtype)
+        with allowed_sync():
+            return real_cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    return calls
 
 
-def ppo_rollout_and_update(device, watch):
-    """Build (copying the network to the device may block), then run the loop under `watch`."""
-    rng = np.random.default_rng(0)
-    agent = ActorCritic(4, 2).to(device)
-    storage = RolloutStorage(T, N, (4,), device=device)
-    with watch:
-        ppo_loop(agent, storage, rng)
+@contextlib.contextmanager
+def allowed_sync():
+    torch.cuda.set_sync_debug_mode("default")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("error")
 
 
-def ppo_loop(agent, storage, rng):
-    storage.reset(rng.normal(size=(N, 4)).astype(np.float32))
-    for _ in range(T):
-        with torch.inference_mode():
-            action, log_prob, value = agent.act(storage.current_obs)
-        # (here the loop hands action.cpu() to the env: the env boundary)
-        next_obs, reward, terminated, truncated = env_outputs(rng)
-        storage.insert(next_obs, action, log_prob, value, reward, terminated, truncated)
-    with torch.inference_mode():
-        next_value = agent.value(storage.current_obs)
-    storage.compute_returns(next_value, gamma=0.99, gae_lambda=0.95)
-    for batch in storage.minibatches(4):
-        new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
-        ppo_loss(new_log_prob, new_value, entropy, batch, PPOConfig())["loss"].backward()
-    storage.after_update()
+class NoOptimizer:
+    """Stands in for an optimizer on meta tensors, which torch's optimizers refuse."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
 
 
-def dqn_steps_and_update(device, watch):
-    rng = np.random.default_rng(1)
-    q_network, target_network = QNetwork(4, 2).to(device), QNetwork(4, 2).to(device)
+def optimizer_for(model: nn.Module, device: torch.device, monkeypatch):
+    if device.type == "meta":
+        monkeypatch.setattr(nn.utils, "clip_grad_norm_", lambda *args, **kwargs: None)
+        return NoOptimizer()
+    return torch.optim.Adam(model.parameters(), fused=True)
+
+
+def ppo_iteration(device, watch, tmp_path, monkeypatch):
+    """Build (copying the network to the device may block), then one iteration of PPO's
+    loop under `watch`: collect, returns, update."""
+    cfg = PPOConfig(num_envs=N, num_steps=T, num_minibatches=2, device=str(device),
+                    logdir=str(tmp_path), progress=False, track_tensorboard=False)  # fmt: skip
+    setup = OnPolicySetup(cfg, device)
+    optimizer = optimizer_for(setup.agent, device, monkeypatch)
+    run = Run(cfg, "ppo", device)
+    try:
+        with watch:
+            setup.collect_rollout(run)
+            setup.compute_returns(cfg.gamma, cfg.gae_lambda, cfg.use_gae)
+            ppo_update(setup.agent, optimizer, setup.storage, cfg)
+            setup.storage.after_update()
+    finally:
+        setup.envs.close()
+        run.close()
+    return T  # vector steps taken
+
+
+def dqn_steps(device, watch, tmp_path, monkeypatch):
+    """DQN's acting, storing, gradient step and target update, on real CartPole envs."""
+    from rlstore.envs import make_vec_env
+
+    cfg = DQNConfig(num_envs=N, batch_size=32, n_step=3, double_dqn=True, max_grad_norm=10.0)
+    envs = make_vec_env("CartPole-v1", N, seed=1)
+    q_network = QNetwork(4, 2).to(device)
+    target_network = copy.deepcopy(q_network)
+    optimizer = optimizer_for(q_network, device, monkeypatch)
     buffer = ReplayBuffer(100, N, (4,), device=device, n_step=3, seed=1)
+    greedy = GreedyActor(q_network)
+    obs, _ = envs.reset(seed=1)
     with watch:
-        dqn_loop(q_network, target_network, buffer, rng, device)
-
-
-def dqn_loop(q_network, target_network, buffer, rng, device):
-    obs = rng.normal(size=(N, 4)).astype(np.float32)
-    for _ in range(T):
-        with torch.inference_mode():  # (.cpu() of the argmax is the env boundary)
-            q_network(to_device(torch.from_numpy(obs), device)).argmax(-1)
-        next_obs, reward, terminated, truncated = env_outputs(rng)
-        buffer.add(obs, rng.integers(0, 2, N), reward, next_obs, terminated, truncated)
-        obs = next_obs
-    assert buffer.ready(32)
-    loss, _, _ = td_loss(q_network, target_network, buffer.sample(32), DQNConfig())
-    loss.backward()
+        for _ in range(T):
+            action = epsilon_greedy(greedy, obs, 0.5, 2)
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            buffer.add(obs, action, reward, next_obs, terminated, truncated)
+            obs = next_obs
+        assert buffer.ready(32)
+        gradient_step(q_network, target_network, optimizer, buffer, 0.4, cfg)
+        update_target(target_network, q_network, 1.0)
+    envs.close()
+    return T
 
 
 def test_meta_tensors_refuse_host_reads():
@@ -86,16 +126,22 @@ def test_meta_tensors_refuse_host_reads():
         torch.zeros(1, device="meta").item()
     with pytest.raises(NotImplementedError):
         torch.zeros(3, device="meta").nonzero()
+    with pytest.raises(TypeError):
+        torch.zeros(3, device="meta").numpy()
 
 
-@pytest.mark.parametrize("steps", [ppo_rollout_and_update, dqn_steps_and_update])
-def test_loop_steps_never_read_the_device(steps):
-    steps(torch.device("meta"), contextlib.nullcontext())
+@pytest.mark.parametrize("loop", [ppo_iteration, dqn_steps])
+def test_loop_reads_the_device_only_at_the_env_boundary(loop, env_boundary, tmp_path, monkeypatch):
+    steps = loop(torch.device("meta"), contextlib.nullcontext(), tmp_path, monkeypatch)
+    assert 0 < len(env_boundary) <= steps  # the actions, once per vector step at most
+    assert all(shape == (N,) for shape in env_boundary)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("steps", [ppo_rollout_and_update, dqn_steps_and_update])
-def test_loop_steps_never_synchronise_on_cuda(steps):
+@pytest.mark.parametrize("loop", [ppo_iteration, dqn_steps])
+def test_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
+    loop, env_boundary, tmp_path, monkeypatch
+):
     @contextlib.contextmanager
     def sync_is_an_error():
         torch.cuda.synchronize()
@@ -105,4 +151,5 @@ def test_loop_steps_never_synchronise_on_cuda(steps):
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    steps(torch.device("cuda"), sync_is_an_error())
+    steps = loop(torch.device("cuda"), sync_is_an_error(), tmp_path, monkeypatch)
+    assert 0 < len(env_boundary) <= steps

@@ -50,23 +50,27 @@ def test_insert_past_the_end_and_bad_inputs_raise_clear_errors():
     with pytest.raises(IndexError, match="full.*after_update"):
         storage.insert(*step_args(rng))
     storage.after_update()
+    before = storage.state_dict()
     args = list(step_args(rng))
     bad_shape = args.copy()
     bad_shape[0] = np.zeros((N, 5), np.float32)
-    with pytest.raises(ValueError, match=r"next_obs has shape \(3, 5\), expected \(3, 4\)"):
-        storage.insert(*bad_shape)
     bad_dtype = args.copy()
     bad_dtype[1] = np.zeros(N, np.float32)  # float actions into integer storage
-    with pytest.raises(TypeError, match="action has dtype"):
-        storage.insert(*bad_dtype)
     bad_flag = args.copy()
     bad_flag[5] = np.zeros(N, np.float32)
-    with pytest.raises(TypeError, match="terminated has dtype"):
-        storage.insert(*bad_flag)
+    for bad, error, message in [
+        (bad_shape, ValueError, r"next_obs has shape \(3, 5\), expected \(3, 4\)"),
+        (bad_dtype, TypeError, "action has dtype"),  # checked after next_obs...
+        (bad_flag, TypeError, "terminated has dtype"),  # ...and after every tensor field
+    ]:
+        with pytest.raises(error, match=message):
+            storage.insert(*bad)
+        after = storage.state_dict()  # nothing was half-written past the failing check
+        assert all(torch.equal(before[k], after[k]) for k in RolloutStorage._TENSORS)
+        assert storage.step == 0
     images = RolloutStorage(T, N, obs_shape=(2,), obs_dtype=np.uint8)
     with pytest.raises(TypeError, match="next_obs has dtype torch.float32"):
         images.insert(*step_args(rng, obs_shape=(2,)))
-    assert storage.step == 0  # nothing was half-written past the checks that failed first
 
 
 def test_after_update_carries_last_obs_and_episode_state():

@@ -37,11 +37,10 @@ class OnPolicySetup:
             cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps
         )
         obs_space, action_space = self.envs.single_observation_space, self.envs.single_action_space
-        if not isinstance(obs_space, spaces.Box):
-            raise UsageError(f"{cfg.env_id} has observation space {obs_space}; rlstore needs a Box")
         if not isinstance(action_space, (spaces.Discrete, spaces.Box)) or (
             isinstance(action_space, spaces.Box) and len(action_space.shape) != 1
         ):
+            self.envs.close()
             raise UsageError(
                 f"{cfg.env_id} has action space {action_space}; "
                 "PPO and A2C here support Discrete and 1-d Box actions"

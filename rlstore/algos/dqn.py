@@ -56,6 +56,54 @@ def td_loss(
     return loss, (q_value - target).detach(), q_value.detach()
 
 
+def epsilon_greedy(
+    greedy_actions: GreedyActor, obs: np.ndarray, epsilon: float, num_actions: int
+) -> np.ndarray:
+    """One action per env: uniform with probability epsilon, else argmax Q.
+
+    The coin flips live on the host (numpy's seeded global RNG, checkpointed), and the
+    network runs only when some env acts greedily."""
+    coins = np.random.random((2, len(obs)))  # one RNG call: explore?, which action
+    explore = coins[0] < epsilon
+    if explore.all():
+        return (coins[1] * num_actions).astype(np.int64)
+    action = greedy_actions(obs)
+    if explore.any():
+        action = np.where(explore, (coins[1] * num_actions).astype(np.int64), action)
+    return action
+
+
+def gradient_step(
+    q_network: nn.Module,
+    target_network: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    buffer: ReplayBuffer,
+    beta: float,
+    cfg: DQNConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gradient step on a replay batch (priorities updated with PER); (loss, Q(s, a))."""
+    batch = buffer.sample(cfg.batch_size, beta=beta)
+    loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.max_grad_norm is not None:
+        nn.utils.clip_grad_norm_(q_network.parameters(), cfg.max_grad_norm, foreach=True)
+    optimizer.step()
+    if cfg.prioritized:
+        buffer.update_priorities(batch.indices, td_error)
+    return loss, q_value
+
+
+@torch.no_grad()
+def update_target(target_network: nn.Module, q_network: nn.Module, tau: float) -> None:
+    """A hard copy (tau = 1) or a Polyak step towards the online network."""
+    for target, online in zip(target_network.parameters(), q_network.parameters(), strict=True):
+        if tau == 1.0:
+            target.copy_(online)
+        else:
+            target.lerp_(online, tau)
+
+
 def crossings(before: int, after: int, every: int) -> int:
     """How many multiples of `every` lie in (before, after]: schedules count env steps."""
     return after // every - before // every
@@ -147,16 +195,7 @@ def train(
         while run.global_step < cfg.total_timesteps:
             # -- act: epsilon-greedy per env -------------------------------------------
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
-            # The coin flips live on the host (numpy's seeded global RNG, checkpointed), and
-            # the network runs only when some env acts greedily.
-            coins = np.random.random((2, cfg.num_envs))  # one RNG call: explore?, which action
-            explore = coins[0] < epsilon
-            if explore.all():
-                action = (coins[1] * num_actions).astype(np.int64)
-            else:
-                action = greedy_actions(obs)
-                if explore.any():
-                    action = np.where(explore, (coins[1] * num_actions).astype(np.int64), action)
+            action = epsilon_greedy(greedy_actions, obs, epsilon, num_actions)
             next_obs, reward, terminated, truncated, _ = envs.step(action)
 
             # -- store -----------------------------------------------------------------
@@ -176,27 +215,11 @@ def train(
                 for _ in range(phases * cfg.gradient_steps):
                     if not buffer.ready(cfg.batch_size):
                         break
-                    batch = buffer.sample(cfg.batch_size, beta=beta)
-                    loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if cfg.max_grad_norm is not None:
-                        nn.utils.clip_grad_norm_(
-                            q_network.parameters(), cfg.max_grad_norm, foreach=True
-                        )
-                    optimizer.step()
-                    if cfg.prioritized:
-                        buffer.update_priorities(batch.indices, td_error)
-                    last_update = loss, q_value
+                    last_update = gradient_step(
+                        q_network, target_network, optimizer, buffer, beta, cfg
+                    )
                 if crossings(before, run.global_step, cfg.target_network_frequency):
-                    with torch.no_grad():
-                        for target, online in zip(
-                            target_network.parameters(), q_network.parameters(), strict=True
-                        ):
-                            if cfg.tau == 1.0:
-                                target.copy_(online)
-                            else:
-                                target.lerp_(online, cfg.tau)
+                    update_target(target_network, q_network, cfg.tau)
 
             # -- log, checkpoint ---------------------------------------------------------
             if run.log_due():

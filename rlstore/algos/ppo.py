@@ -14,8 +14,9 @@ from torch import nn
 
 from rlstore.algos.common import OnPolicySetup, explained_variance, linear_schedule
 from rlstore.config import PPOConfig
+from rlstore.networks import ActorCritic
 from rlstore.run import Run, TrainResult, prepare
-from rlstore.storage import RolloutBatch
+from rlstore.storage import RolloutBatch, RolloutStorage
 
 
 def ppo_loss(
@@ -60,6 +61,23 @@ def ppo_loss(
     }
 
 
+def ppo_update(
+    agent: ActorCritic, optimizer: torch.optim.Optimizer, storage: RolloutStorage, cfg: PPOConfig
+) -> dict[str, torch.Tensor]:
+    """Epochs of minibatch gradient steps on the rollout; returns the last minibatch's losses."""
+    for _epoch in range(cfg.update_epochs):
+        for batch in storage.minibatches(cfg.num_minibatches):
+            new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
+            losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg)
+            optimizer.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+            optimizer.step()
+        if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
+            break
+    return losses
+
+
 def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None) -> TrainResult:
     """Train PPO as configured, or continue the run in `resume` from its newest checkpoint.
 
@@ -92,16 +110,7 @@ def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None
             setup.compute_returns(cfg.gamma, cfg.gae_lambda, cfg.use_gae)
 
             # -- update: epochs of minibatches ------------------------------------------
-            for _epoch in range(cfg.update_epochs):
-                for batch in storage.minibatches(cfg.num_minibatches):
-                    new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
-                    losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg)
-                    optimizer.zero_grad(set_to_none=True)
-                    losses["loss"].backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
-                    optimizer.step()
-                if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
-                    break
+            losses = ppo_update(agent, optimizer, storage, cfg)
 
             # -- log, checkpoint -----------------------------------------------------------
             if run.log_due():

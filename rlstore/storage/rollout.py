@@ -156,15 +156,21 @@ class RolloutStorage:
                 "before inserting the next rollout"
             )
         N = self.num_envs
-        copy_in(self.obs[t + 1], checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype))
-        copy_in(
-            self.actions[t], checked(action, "action", self.actions.shape[1:], self.actions.dtype)
+        # Check everything before writing anything: a bad input leaves the storage as it was.
+        fields = (
+            (self.obs[t + 1], checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)),
+            (
+                self.actions[t],
+                checked(action, "action", self.actions.shape[1:], self.actions.dtype),
+            ),
+            (self.log_probs[t], checked(log_prob, "log_prob", (N,), torch.float32)),
+            (self.values[t], checked(value, "value", (N,), torch.float32)),
+            (self.rewards[t], checked(reward, "reward", (N,), torch.float32)),
         )
-        copy_in(self.log_probs[t], checked(log_prob, "log_prob", (N,), torch.float32))
-        copy_in(self.values[t], checked(value, "value", (N,), torch.float32))
-        copy_in(self.rewards[t], checked(reward, "reward", (N,), torch.float32))
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
+        for destination, source in fields:
+            copy_in(destination, source)
         copy_in(self.terminated[t], torch.from_numpy(term))
         copy_in(self.truncated[t], torch.from_numpy(trunc))
         np.logical_not(self._prev_done, out=self._valid[t])
