@@ -17,7 +17,8 @@ collect loop is compared. Writes docs/benchmark.json and docs/benchmark.md.
 N` as users run it (the console command, default options and threads, seeds 1..K) at the
 same time, for each K, and reports the aggregate env steps/s (the sum of the copies' own
 steps/s) and the wall time. Runs sharing the cores must not collapse: the aggregate at K = 3
-on 2 cores should be at least the K = 1 figure. Writes docs/parallel.md and .json.
+on 2 cores should be at least the K = 1 figure. Writes docs/parallel-latest.md and .json
+(docs/parallel.md holds the before/after figures).
 
 Hyperparameters match: PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
 minibatches, lr 2.5e-4 annealed, clip 0.2 with value clipping, 64-64 tanh actor and critic,
@@ -355,7 +356,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
-    parser.add_argument("--out", help="default docs/benchmark, or docs/parallel with --parallel")
+    parser.add_argument("--out", help="default docs/benchmark, or docs/parallel-latest with --parallel")
     parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
     parser.add_argument("--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn"])
     parser.add_argument("--parallel-steps", type=int, default=50_000)
@@ -376,7 +377,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.parallel:
-        args.out = args.out or "docs/parallel"
+        args.out = args.out or "docs/parallel-latest"
         parallel_main(args)
         return
     args.out = args.out or "docs/benchmark"
