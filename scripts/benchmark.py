@@ -356,7 +356,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
-    parser.add_argument("--out", help="default docs/benchmark, or docs/parallel-latest with --parallel")
+    parser.add_argument(
+        "--out", help="default docs/benchmark, or docs/parallel-latest with --parallel"
+    )
     parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
     parser.add_argument("--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn"])
     parser.add_argument("--parallel-steps", type=int, default=50_000)
