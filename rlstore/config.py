@@ -109,8 +109,29 @@ class CommonConfig:
         return -(-self.total_timesteps // self.iteration_steps) * self.iteration_steps
 
 
+class RolloutSizes:
+    """The sizes of the on-policy configs, derived from num_envs x num_steps: an iteration
+    is one rollout, and the run stops at the last whole one."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    @property
+    def iteration_steps(self) -> int:
+        return self.batch_size
+
+    @property
+    def steps_run(self) -> int:
+        return self.num_iterations * self.batch_size
+
+
 @dataclass
-class PPOConfig(CommonConfig):
+class PPOConfig(RolloutSizes, CommonConfig):
     """Proximal Policy Optimization (clipped objective, GAE, minibatch updates)."""
 
     learning_rate: Positive = 2.5e-4
@@ -147,28 +168,12 @@ class PPOConfig(CommonConfig):
     """Stop the update epochs early when the approximate KL exceeds this."""
 
     @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def iteration_steps(self) -> int:
-        return self.batch_size
-
-    @property
-    def steps_run(self) -> int:
-        return self.num_iterations * self.batch_size
-
-    @property
     def minibatch_size(self) -> int:
         return self.batch_size // self.num_minibatches
 
-    @property
-    def num_iterations(self) -> int:
-        return self.total_timesteps // self.batch_size
-
 
 @dataclass
-class A2CConfig(CommonConfig):
+class A2CConfig(RolloutSizes, CommonConfig):
     """Advantage Actor-Critic (synchronous, one update per rollout)."""
 
     learning_rate: Positive = 7e-4
@@ -196,21 +201,6 @@ class A2CConfig(CommonConfig):
     rmsprop_eps: Positive = 1e-5
     """RMSprop epsilon."""
 
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def iteration_steps(self) -> int:
-        return self.batch_size
-
-    @property
-    def steps_run(self) -> int:
-        return self.num_iterations * self.batch_size
-
-    @property
-    def num_iterations(self) -> int:
-        return self.total_timesteps // self.batch_size
 
 
 @dataclass
