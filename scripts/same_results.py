@@ -1,0 +1,111 @@
+"""Does a change leave training results alone? Bitwise, against an earlier commit.
+
+    python scripts/same_results.py 94abcf9        # that commit against the working tree
+
+Runs the same short PPO, A2C and DQN runs (defaults, native and sync envs, DQN with every
+option) with the code of COMMIT, checked out into a temporary git worktree, and with the
+code of this working tree, each in its own process with one torch thread, then compares
+every run's episode returns and final parameters bit for bit. Exits 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMON = ["--device", "cpu", "--no-progress", "--checkpoint-every", "0"]
+RUNS = {
+    "ppo": ["ppo", "--total-timesteps", "20480"],
+    "ppo-native-8": ["ppo", "--total-timesteps", "20480", "--num-envs", "8"],
+    "ppo-pendulum": ["ppo", "--env", "Pendulum-v1", "--total-timesteps", "8192"],
+    "a2c": ["a2c", "--total-timesteps", "20000"],
+    "dqn": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000"],
+    "dqn-all-options": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000",
+                        "--n-step", "3", "--prioritized", "--double-dqn", "--dueling",
+                        "--num-envs", "2"],
+}  # fmt: skip
+
+
+def child(root: str) -> None:
+    """Train every run with the rlstore found at `root`; print one JSON line of digests."""
+    sys.path.insert(0, root)
+    import importlib
+
+    import torch
+
+    torch.set_num_threads(1)
+    from rlstore.cli import parse_train
+
+    out = {}
+    with tempfile.TemporaryDirectory() as logdir:
+        for name, args in RUNS.items():
+            algo, cfg, preset = parse_train([*args, *COMMON, "--logdir", logdir])
+            result = importlib.import_module(f"rlstore.algos.{algo}").train(cfg, preset)
+            params = hashlib.sha256()
+            for p in result.model.parameters():
+                params.update(p.detach().cpu().numpy().tobytes())
+            returns = hashlib.sha256(json.dumps(result.episode_returns).encode())
+            out[name] = {
+                "episodes": len(result.episode_returns),
+                "returns": returns.hexdigest()[:16],
+                "params": params.hexdigest()[:16],
+            }
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def digests(root: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"the runs at {root} failed:\n{proc.stderr[-3000:]}")
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("commit", help="the commit to compare the working tree with")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        worktree = Path(tmp) / "before"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.commit],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            before = digests(worktree)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                check=True,
+            )
+    after = digests(ROOT)
+    same = True
+    for name in RUNS:
+        equal = before[name] == after[name]
+        same &= equal
+        print(
+            f"{name:16s} {'same' if equal else 'DIFFERENT'}: {after[name]['episodes']} episodes, "
+            f"returns {after[name]['returns']}, parameters {after[name]['params']}"
+            + ("" if equal else f" (was {before[name]})")
+        )
+    print(f"{args.commit} vs working tree: {'bitwise the same' if same else 'results differ'}")
+    sys.exit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()
