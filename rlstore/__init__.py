@@ -19,6 +19,7 @@ _EXPORTS = {
     "ReplayBatch": "rlstore.storage.replay",
     "QNetwork": "rlstore.networks",
     "DQNConfig": "rlstore.config",
+    "resolve": "rlstore.config",
     "train_dqn": ("rlstore.algos.dqn", "train"),
     "load_policy": "rlstore.evaluate",
     "Policy": "rlstore.evaluate",
@@ -29,7 +30,7 @@ _EXPORTS = {
     "EpisodeStats": "rlstore.envs",
     "PPOConfig": "rlstore.config",
     "A2CConfig": "rlstore.config",
-    "UsageError": "rlstore.config",
+    "UsageError": "rlstore.errors",
     "train_ppo": ("rlstore.algos.ppo", "train"),
     "train_a2c": ("rlstore.algos.a2c", "train"),
 }

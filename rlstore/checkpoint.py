@@ -1,12 +1,28 @@
-"""Checkpoint files: atomic writes, the newest valid one, RNG and environment state.
+"""The two file formats of a run, and what they are made of: atomic writes, the newest
+valid checkpoint, RNG and environment state.
 
-A checkpoint is a dict of tensors and plain values written with torch.save and read with
+A checkpoint (`checkpoints/step_<global step>.pt`) holds everything a resumed run needs:
+
+    format          CHECKPOINT_FORMAT
+    algo, env_id    what wrote it
+    global_step     env steps done; last_log_step: where the last update scalars went
+    episodes        returns, lengths and global steps of every finished episode
+    episode_stats   the episodes in progress (EpisodeStats.state_dict)
+    rng             python, numpy and torch RNG states
+    policy          the policy spec (rlstore.networks.policy_spec): what rebuilds the network
+    algorithm       the algorithm's own state (rlstore.run.TrainingState.state_dict)
+
+The final policy (`model.pt`) holds format POLICY_FORMAT, algo, env_id, global_step, the
+config, the policy network's state_dict and its spec. `read_policy` reads either file.
+
+Both are dicts of tensors and plain values written with torch.save and read with
 torch.load(weights_only=True): loading executes no code. numpy arrays are stored as
 tensors for that reason.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -21,6 +37,11 @@ import numpy as np
 import torch
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+CHECKPOINT_FORMAT = "rlstore-checkpoint-2"
+# Format 1 kept the episodes in progress inside the algorithm's state, as "stats".
+CHECKPOINT_FORMATS = (CHECKPOINT_FORMAT, "rlstore-checkpoint-1")
+POLICY_FORMAT = "rlstore-policy-1"
+REQUIRED_KEYS = ("format", "algo", "env_id", "global_step", "rng", "policy", "algorithm")
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
@@ -74,17 +95,51 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def load_newest_valid(directory: Path, required: tuple[str, ...]) -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads and holds `required` keys; skipped ones are reported."""
+def write_checkpoint(path: Path, **fields: Any) -> None:
+    """Write a checkpoint with the fields listed at the top of this module, atomically."""
+    atomic_save({"format": CHECKPOINT_FORMAT, **fields}, path)
+
+
+def read_newest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint in `directory` that loads and is an rlstore checkpoint, in the
+    current format; the ones skipped are reported on stderr."""
     for path in checkpoint_files(directory):
         try:
             state = safe_load(path)
-            if not isinstance(state, dict) or not all(k in state for k in required):
+            if not isinstance(state, dict) or not all(k in state for k in REQUIRED_KEYS):
                 raise ValueError(f"{path} is not an rlstore checkpoint (keys missing)")
+            if state["format"] not in CHECKPOINT_FORMATS:
+                raise ValueError(f"{path} has the unknown format {state['format']!r}")
+            if "episode_stats" not in state:  # format 1
+                state["episode_stats"] = state["algorithm"].pop("stats")
             return path, state
         except ValueError as e:
             print(f"rlstore: warning: skipping {e}", file=sys.stderr)
     return None
+
+
+def write_policy(path: Path, **fields: Any) -> None:
+    """Write model.pt: algo, env_id, global_step, config, state_dict, policy (the spec)."""
+    atomic_save({"format": POLICY_FORMAT, **fields}, path)
+
+
+def read_policy(path: Path) -> dict[str, Any]:
+    """The policy in a model file or a checkpoint, as model.pt's fields (a checkpoint's config
+    comes from its run directory's config.json). ValueError when it is neither."""
+    record = safe_load(path)
+    if not isinstance(record, dict) or "policy" not in record:
+        raise ValueError(f"{path} is neither an rlstore model nor a checkpoint")
+    if record.get("format") == POLICY_FORMAT:
+        return record
+    config = Path(path).parent.parent / "config.json"
+    return {
+        "algo": record["algo"],
+        "env_id": record["env_id"],
+        "global_step": record["global_step"],
+        "config": json.loads(config.read_text()) if config.is_file() else {},
+        "state_dict": record["algorithm"]["model"],
+        "policy": record["policy"],
+    }
 
 
 # -- random number generators ----------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import importlib
 import io
 import json
@@ -24,15 +23,8 @@ from typing import Any, Literal
 import tyro
 
 from rlstore import __version__
-from rlstore.config import (
-    CONFIG_CLASSES,
-    TrainingInterrupted,
-    UsageError,
-    apply_overrides,
-    read_config,
-    resolve_defaults,
-    validate,
-)
+from rlstore.config import CONFIG_CLASSES, apply_overrides, read_config, resolve
+from rlstore.errors import TrainingInterrupted, UsageError
 
 USAGE = """\
 usage: rlstore {train,resume,eval} ... | rlstore --version
@@ -93,17 +85,28 @@ def parse_train(args: list[str]):
             print(USAGE, end="")
             raise SystemExit(0)
         raise UsageError(f"name an algorithm: rlstore train {{{algos}}} --env ENV_ID")
-    algo = args[0]
+    algo, flags = args[0], args[1:]
     if algo.startswith("-"):
         raise UsageError(f"name the algorithm first: rlstore train {{{algos}}} {' '.join(args)}")
-    if algo not in CONFIG_CLASSES:
-        close = difflib.get_close_matches(algo, CONFIG_CLASSES, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UsageError(f"unknown algorithm '{algo}'; {hint}choose one of {algos}")
-    defaults, preset = resolve_defaults(algo, args[1:])
-    cfg = parse_args(type(defaults), args[1:], f"rlstore train {algo}", default=defaults)
+    # The preset and the --config file give the defaults; tyro applies the flags on top.
+    config_file = _scan_flag(flags, ("--config",))
+    env_id = _scan_flag(flags, ("--env", "--env-id"))
+    defaults, preset = resolve(algo, env_id, {"config": config_file} if config_file else None)
+    cfg = parse_args(type(defaults), flags, f"rlstore train {algo}", default=defaults)
     # --config may name a packaged preset: record the file it resolved to
     return algo, dataclasses.replace(cfg, config=defaults.config), preset
+
+
+def _scan_flag(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The last value given for any of `names` in args (`--x v` or `--x=v`), as argparse would."""
+    found = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1 :]
+    return found
 
 
 def parse_args(cls: type, args: list[str], prog: str, **kwargs: Any) -> Any:
@@ -146,7 +149,7 @@ def parse_resume(args: list[str]):
     algo = json.loads(record_path.read_text()).get("algo")
     if algo not in CONFIG_CLASSES:
         raise UsageError(f"{record_path} names no known algorithm ({algo!r})")
-    cfg = apply_overrides(CONFIG_CLASSES[algo](), read_config(record_path, "config"), "config")
+    cfg = apply_overrides(CONFIG_CLASSES[algo](), read_config(record_path), str(record_path))
     # The options that do not change the algorithm; the rest is the run's own.
     changes = {"progress": parsed.progress}
     for name in ("total_timesteps", "device", "torch_threads"):
@@ -183,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         else:
             raise UsageError(f"unknown command '{command}'; try `rlstore --help`")
-        validate(cfg)
         module = importlib.import_module(f"rlstore.algos.{algo}")
         module.train(cfg, preset, resume=from_run)
     except UsageError as e:

@@ -19,17 +19,7 @@ from typing import Annotated, Any, Literal
 import tomllib
 import tyro
 
-
-class UsageError(Exception):
-    """A user mistake: the CLI prints the message on one line and exits with status 2."""
-
-
-class TrainingInterrupted(Exception):
-    """SIGINT or SIGTERM arrived and a checkpoint was written; the CLI exits 130 or 143."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by signal {signum}")
-        self.exit_code = 128 + signum
+from rlstore.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -109,33 +99,12 @@ class CommonConfig:
         return -(-self.total_timesteps // self.iteration_steps) * self.iteration_steps
 
 
-class RolloutSizes:
-    """The sizes of the on-policy configs, derived from num_envs x num_steps: an iteration
-    is one rollout, and the run stops at the last whole one."""
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def num_iterations(self) -> int:
-        return self.total_timesteps // self.batch_size
-
-    @property
-    def iteration_steps(self) -> int:
-        return self.batch_size
-
-    @property
-    def steps_run(self) -> int:
-        return self.num_iterations * self.batch_size
-
-
 @dataclass
-class PPOConfig(RolloutSizes, CommonConfig):
-    """Proximal Policy Optimization (clipped objective, GAE, minibatch updates)."""
+class OnPolicyConfig(CommonConfig):
+    """What PPO and A2C share: rollouts of num_envs x num_steps, returns, the loss weights."""
 
     learning_rate: Positive = 2.5e-4
-    """Adam learning rate."""
+    """Learning rate of the optimizer."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over training."""
     num_steps: Count = 128
@@ -143,25 +112,49 @@ class PPOConfig(RolloutSizes, CommonConfig):
     gamma: Fraction = 0.99
     """Discount factor."""
     gae_lambda: Fraction = 0.95
-    """GAE lambda."""
+    """GAE lambda (1.0 gives the classic n-step bootstrapped returns)."""
     use_gae: bool = True
     """Use GAE; without it, returns are bootstrapped discounted sums (lambda = 1)."""
-    num_minibatches: Count = 4
-    """Minibatches per epoch."""
-    update_epochs: Count = 4
-    """Epochs over each rollout."""
     norm_adv: bool = True
-    """Normalize advantages per minibatch."""
-    clip_coef: Positive = 0.2
-    """Surrogate clipping coefficient."""
-    clip_vloss: bool = True
-    """Clip the value loss around the old value estimates."""
+    """Normalize advantages (per minibatch for PPO, over the rollout for A2C)."""
     ent_coef: NonNegative = 0.01
     """Entropy bonus coefficient."""
     vf_coef: NonNegative = 0.5
     """Value loss coefficient."""
     max_grad_norm: Positive = 0.5
     """Gradient norm clipping threshold."""
+
+    @property
+    def rollout_size(self) -> int:
+        """Env steps per rollout: num_envs x num_steps."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        """Rollouts in the run: the run stops at the last whole one."""
+        return self.total_timesteps // self.rollout_size
+
+    @property
+    def iteration_steps(self) -> int:
+        return self.rollout_size
+
+    @property
+    def steps_run(self) -> int:
+        return self.num_iterations * self.rollout_size
+
+
+@dataclass
+class PPOConfig(OnPolicyConfig):
+    """Proximal Policy Optimization (clipped objective, GAE, minibatch updates)."""
+
+    num_minibatches: Count = 4
+    """Minibatches per epoch."""
+    update_epochs: Count = 4
+    """Epochs over each rollout."""
+    clip_coef: Positive = 0.2
+    """Surrogate clipping coefficient."""
+    clip_vloss: bool = True
+    """Clip the value loss around the old value estimates."""
     adam_eps: Positive = 1e-5
     """Adam epsilon."""
     target_kl: Positive | None = None
@@ -169,38 +162,23 @@ class PPOConfig(RolloutSizes, CommonConfig):
 
     @property
     def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
+        return self.rollout_size // self.num_minibatches
 
 
 @dataclass
-class A2CConfig(RolloutSizes, CommonConfig):
+class A2CConfig(OnPolicyConfig):
     """Advantage Actor-Critic (synchronous, one update per rollout)."""
 
+    # The published A2C settings differ from PPO's here (OpenAI baselines, SB3):
     learning_rate: Positive = 7e-4
-    """RMSprop learning rate."""
     anneal_lr: bool = False
-    """Anneal the learning rate linearly to 0 over training."""
     num_steps: Count = 5
-    """Steps per environment per rollout."""
-    gamma: Fraction = 0.99
-    """Discount factor."""
     gae_lambda: Fraction = 1.0
-    """GAE lambda (1.0 gives the classic n-step bootstrapped returns)."""
-    use_gae: bool = True
-    """Use GAE; without it, returns are bootstrapped discounted sums (lambda = 1)."""
     norm_adv: bool = False
-    """Normalize advantages over the rollout."""
-    ent_coef: NonNegative = 0.01
-    """Entropy bonus coefficient."""
-    vf_coef: NonNegative = 0.5
-    """Value loss coefficient."""
-    max_grad_norm: Positive = 0.5
-    """Gradient norm clipping threshold."""
     rmsprop_alpha: Fraction = 0.99
     """RMSprop smoothing constant."""
     rmsprop_eps: Positive = 1e-5
     """RMSprop epsilon."""
-
 
 
 @dataclass
@@ -314,7 +292,7 @@ def apply_overrides(cfg: CommonConfig, overrides: dict[str, Any], source: str) -
     return dataclasses.replace(cfg, **changes)
 
 
-def read_config(path: Path, what: str) -> dict[str, Any]:
+def read_config(path: Path, what: str = "config file") -> dict[str, Any]:
     """A flat table of overrides from a TOML file (or JSON, such as a run's config.json)."""
     if not path.is_file():
         raise UsageError(f"{what} '{path}' does not exist; give the path of a TOML file")
@@ -331,32 +309,29 @@ def read_config(path: Path, what: str) -> dict[str, Any]:
         raise UsageError(f"{what} '{path}' is not valid: {reason}") from None
 
 
-def _scan_flag(args: list[str], names: tuple[str, ...]) -> str | None:
-    """The last value given for any of `names` in args (`--x v` or `--x=v`), as argparse would."""
-    found = None
-    for i, arg in enumerate(args):
-        for name in names:
-            if arg == name and i + 1 < len(args):
-                found = args[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg[len(name) + 1 :]
-    return found
+def resolve(
+    algo: str, env_id: str | None = None, overrides: dict[str, Any] | None = None
+) -> tuple[CommonConfig, Path | None]:
+    """The config of `algo` on `env_id`: dataclass defaults < the env's preset from configs/ <
+    the `config` file named in `overrides` (a path or a packaged preset's name) < the other
+    overrides (field = value). Returns the config and the preset file used (or None).
 
-
-def resolve_defaults(algo: str, args: list[str]) -> tuple[CommonConfig, Path | None]:
-    """Defaults for the CLI of `algo`: dataclass defaults < preset < --config file.
-
-    Flags are applied afterwards by tyro. Returns the config and the preset used (or None).
+    The CLI resolves its defaults here and applies its flags on top; scripts call it with
+    their overrides: `resolve("ppo", "CartPole-v1", {"total_timesteps": 100_000})`.
     """
+    if algo not in CONFIG_CLASSES:
+        close = difflib.get_close_matches(algo, CONFIG_CLASSES, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(
+            f"unknown algorithm '{algo}'; {hint}choose one of {', '.join(CONFIG_CLASSES)}"
+        )
     cfg = CONFIG_CLASSES[algo]()
-    config_arg = _scan_flag(args, ("--config",))
-    env_id = _scan_flag(args, ("--env", "--env-id"))
-    config_file = None
-    if config_arg:
-        config_file = find_config_file(config_arg, algo, env_id or cfg.env_id)
+    overrides = dict(overrides or {})
+    config_arg = overrides.pop("config", None)
+    env_id = env_id or overrides.get("env_id", overrides.get("env"))
+    config_file = find_config_file(config_arg, algo, env_id or cfg.env_id) if config_arg else None
     file_overrides = read_config(config_file, "--config file") if config_file else {}
-    if env_id is None:
-        env_id = file_overrides.get("env_id", file_overrides.get("env", cfg.env_id))
+    env_id = env_id or file_overrides.get("env_id", file_overrides.get("env", cfg.env_id))
     preset = preset_path(algo, str(env_id))
     if preset.is_file():
         cfg = apply_overrides(cfg, read_config(preset, "preset"), f"preset {preset}")
@@ -364,8 +339,8 @@ def resolve_defaults(algo: str, args: list[str]) -> tuple[CommonConfig, Path | N
         preset = None
     if config_file:
         cfg = apply_overrides(cfg, file_overrides, f"--config file {config_file}")
-        cfg = dataclasses.replace(cfg, config=str(config_file))
-    return cfg, preset
+    cfg = apply_overrides(cfg, {**overrides, "env_id": env_id}, "overrides")
+    return dataclasses.replace(cfg, config=str(config_file) if config_file else None), preset
 
 
 def find_config_file(value: str, algo: str, env_id: str) -> Path:
@@ -394,16 +369,16 @@ def validate(cfg: CommonConfig) -> None:
         bound = _bound(hints[field.name])
         if bound is not None and isinstance(value, (int, float)) and not bound.holds(value):
             raise UsageError(f"{flag(field.name)} {bound.describe()} (got {value})")
-    if isinstance(cfg, (PPOConfig, A2CConfig)) and cfg.total_timesteps < cfg.batch_size:
+    if isinstance(cfg, OnPolicyConfig) and cfg.total_timesteps < cfg.rollout_size:
         raise UsageError(
             f"--total-timesteps {cfg.total_timesteps} is smaller than one rollout "
-            f"(num_envs x num_steps = {cfg.batch_size}); raise --total-timesteps or lower "
+            f"(num_envs x num_steps = {cfg.rollout_size}); raise --total-timesteps or lower "
             "--num-steps"
         )
-    if isinstance(cfg, PPOConfig) and cfg.batch_size % cfg.num_minibatches:
+    if isinstance(cfg, PPOConfig) and cfg.rollout_size % cfg.num_minibatches:
         raise UsageError(
-            f"--num-minibatches {cfg.num_minibatches} does not divide the batch "
-            f"(num_envs x num_steps = {cfg.batch_size}); pick a divisor of {cfg.batch_size}"
+            f"--num-minibatches {cfg.num_minibatches} does not divide the rollout "
+            f"(num_envs x num_steps = {cfg.rollout_size}); pick a divisor of {cfg.rollout_size}"
         )
     if isinstance(cfg, DQNConfig):
         if cfg.buffer_size < cfg.num_envs:

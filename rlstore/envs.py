@@ -19,10 +19,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from rlstore.config import UsageError
+from rlstore.errors import UsageError
 
 # Env families that need an optional dependency: (entry-point module prefix or id
 # prefix, what it needs, the rlstore extra that installs it).
@@ -71,14 +72,26 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     return spec
 
 
-def check_observations(env_id: str, space: gym.Space) -> None:
-    """rlstore's networks are MLPs over vector observations: refuse anything else."""
-    if not isinstance(space, spaces.Box):
-        raise UsageError(f"{env_id} has observation space {space}; rlstore needs a Box")
-    if len(space.shape) >= 2 and space.dtype == np.uint8:
+def check_spaces(env_id: str, algo: str | None, obs_space: gym.Space, action_space: gym.Space):
+    """What rlstore can train on, for `algo` (None: any algorithm): MLPs over vector
+    observations; Discrete actions for DQN, Discrete or 1-d Box actions for PPO and A2C."""
+    if not isinstance(obs_space, spaces.Box):
+        raise UsageError(f"{env_id} has observation space {obs_space}; rlstore needs a Box")
+    if len(obs_space.shape) >= 2 and obs_space.dtype == np.uint8:
         raise UsageError(
-            f"{env_id} has image observations {space.shape} {space.dtype}; rlstore has no "
-            "convolutional network yet, only MLPs for vector observations"
+            f"{env_id} has image observations {obs_space.shape} {obs_space.dtype}; rlstore has "
+            "no convolutional network yet, only MLPs for vector observations"
+        )
+    if algo == "dqn" and not isinstance(action_space, spaces.Discrete):
+        raise UsageError(
+            f"DQN needs a Discrete action space; {env_id} has {action_space}. "
+            "Use `rlstore train ppo` or `rlstore train a2c` for continuous actions"
+        )
+    box_1d = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
+    if not (isinstance(action_space, spaces.Discrete) or box_1d):
+        raise UsageError(
+            f"{env_id} has action space {action_space}; "
+            "PPO and A2C here support Discrete and 1-d Box actions"
         )
 
 
@@ -94,8 +107,10 @@ def make_vec_env(
     seed: int,
     vectorization: str = "auto",
     max_episode_steps: int | None = None,
+    algo: str | None = None,
 ) -> gym.vector.VectorEnv:
-    """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env.
+    """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
+    checking that `algo` can train on its spaces (check_spaces).
 
     vectorization: "auto" takes the env's own vectorized implementation
     (`vector_entry_point`) when it has one and num_envs >= NATIVE_MIN_ENVS, and "sync"
@@ -121,7 +136,7 @@ def make_vec_env(
     else:
         envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     try:
-        check_observations(env_id, envs.single_observation_space)
+        check_spaces(env_id, algo, envs.single_observation_space, envs.single_action_space)
     except UsageError:
         envs.close()
         raise
@@ -205,13 +220,21 @@ class EpisodeStats:
         self.lengths[done] = 0
         return finished
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        return {"returns": self.returns, "lengths": self.lengths, "prev_done": self.prev_done}
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies, as tensors (a checkpoint holds no numpy arrays)."""
+        return {
+            "returns": torch.from_numpy(self.returns.copy()),
+            "lengths": torch.from_numpy(self.lengths.copy()),
+            "prev_done": torch.from_numpy(self.prev_done.copy()),
+        }
 
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        self.returns = np.array(state["returns"], dtype=np.float64)
-        self.lengths = np.array(state["lengths"], dtype=np.int64)
-        self.prev_done = np.array(state["prev_done"], dtype=bool)
+    def load_state_dict(self, state: dict[str, torch.Tensor | np.ndarray]) -> None:
+        def array(x: torch.Tensor | np.ndarray, dtype: type) -> np.ndarray:
+            return (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)).astype(dtype)
+
+        self.returns = array(state["returns"], np.float64)
+        self.lengths = array(state["lengths"], np.int64)
+        self.prev_done = array(state["prev_done"], bool)
 
 
 _EMPTY_F = np.zeros(0, dtype=np.float64)

@@ -11,10 +11,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlstore.checkpoint import checkpoint_files, safe_load
-from rlstore.config import UsageError
-from rlstore.networks import ActorCritic, QNetwork
-from rlstore.run import POLICY_FORMAT
+from rlstore.checkpoint import checkpoint_files, read_policy
+from rlstore.errors import UsageError
+from rlstore.networks import QNetwork, build_policy
 
 
 class Policy:
@@ -73,13 +72,6 @@ class Policy:
         return action[0] if single else action
 
 
-def _network(info: dict[str, Any]) -> torch.nn.Module:
-    obs_dim = int(np.prod(info["obs_shape"]))
-    if info["network"] == "q_network":
-        return QNetwork(obs_dim, info["action_dim"], dueling=info["dueling"])
-    return ActorCritic(obs_dim, info["action_dim"], continuous=info["continuous"])
-
-
 def load_policy(path: str | Path) -> Policy:
     """The policy in a model file, a run directory (its model.pt) or a checkpoint file."""
     path = Path(path)
@@ -88,19 +80,11 @@ def load_policy(path: str | Path) -> Policy:
     if not path.is_file():
         raise UsageError(f"{path} does not exist")
     try:
-        record = safe_load(path)
+        record = read_policy(path)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if not isinstance(record, dict) or "policy" not in record:
-        raise UsageError(f"{path} is neither an rlstore model nor a checkpoint")
-    if record.get("format") == POLICY_FORMAT:
-        state_dict = record["state_dict"]
-    else:  # a checkpoint: the config lives in the run directory
-        state_dict = record["algorithm"]["model"]
-        config = path.parent.parent / "config.json"
-        record = {**record, "config": json.loads(config.read_text()) if config.is_file() else {}}
-    network = _network(record["policy"])
-    network.load_state_dict(state_dict)
+    network = build_policy(record["policy"])
+    network.load_state_dict(record["state_dict"])
     return Policy(network, record["policy"], record)
 
 

@@ -183,6 +183,28 @@ class QNetwork(FastMLPModule):
         return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
 
 
+def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasium spaces
+    """What rebuilds `network` (build_policy) and clips its actions: kept in model.pt."""
+    spec = {"obs_shape": list(obs_space.shape)}
+    if isinstance(network, QNetwork):
+        return {"network": "q_network", **spec, "action_dim": int(action_space.n),
+                "dueling": network.dueling}  # fmt: skip
+    if not network.continuous:
+        return {"network": "actor_critic", **spec, "action_dim": int(action_space.n),
+                "continuous": False}  # fmt: skip
+    return {"network": "actor_critic", **spec, "action_dim": action_space.shape[0],
+            "continuous": True, "action_low": action_space.low.tolist(),
+            "action_high": action_space.high.tolist()}  # fmt: skip
+
+
+def build_policy(spec: dict) -> nn.Module:
+    """The network a policy spec describes, with fresh parameters."""
+    obs_dim = int(np.prod(spec["obs_shape"]))
+    if spec["network"] == "q_network":
+        return QNetwork(obs_dim, spec["action_dim"], dueling=spec["dueling"])
+    return ActorCritic(obs_dim, spec["action_dim"], continuous=spec["continuous"])
+
+
 class GreedyActor:
     """argmax_a Q(obs, a) for a batch of host observations, as an int64 numpy array.
 

@@ -1,4 +1,15 @@
-"""A training run's surroundings: device, seeding, run directory, TensorBoard, progress bar."""
+"""A training run: checks, device, seeding, run directory, TensorBoard, progress bar,
+checkpoints, resume and signals. An algorithm builds its parts, hands them to the Run as a
+TrainingState, and drives the loop:
+
+    run = Run(cfg, "ppo", preset, resume_dir)    # checks the config, seeds; builds nothing
+    ... build envs, networks, storage, optimizer on run.device ...
+    with run.start(TrainingState(envs, policy, ...)):   # new run dir, or resumed state
+        for iteration in run.iterations():       # checkpoints and stops on a signal
+            ... act, envs.step, run.record_step(reward, terminated, truncated) ...
+            ... update; if run.log_due(): run.log_scalars({...}) ...
+        return run.finish()                       # final checkpoint, model.pt, summary
+"""
 
 from __future__ import annotations
 
@@ -11,26 +22,27 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from rlstore.checkpoint import (
-    atomic_save,
     checkpoint_files,
-    load_newest_valid,
+    env_state,
+    load_env_state,
+    read_newest_checkpoint,
     rng_state,
     set_rng_state,
+    write_checkpoint,
+    write_policy,
 )
-from rlstore.config import CommonConfig, TrainingInterrupted, UsageError, validate
-from rlstore.envs import check_env_id
-
-CHECKPOINT_FORMAT = "rlstore-checkpoint-1"
-POLICY_FORMAT = "rlstore-policy-1"
-REQUIRED_KEYS = ("format", "algo", "env_id", "global_step", "rng", "algorithm")
+from rlstore.config import CommonConfig, validate
+from rlstore.envs import EpisodeStats, check_env_id
+from rlstore.errors import TrainingInterrupted, UsageError
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -53,18 +65,6 @@ def resolve_device(spec: str) -> torch.device:
             raise UsageError(
                 f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present"
             )
-    return device
-
-
-def prepare(cfg: CommonConfig, resume_dir: Path | None = None) -> torch.device:
-    """Check everything that can be checked before building anything, set torch's threads,
-    seed; return the device."""
-    validate(cfg)
-    check_env_id(cfg.env_id)
-    device = resolve_device(cfg.device)
-    check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
-    torch.set_num_threads(1 if cfg.torch_threads == "auto" else cfg.torch_threads)
-    seed_everything(cfg.seed)
     return device
 
 
@@ -153,7 +153,7 @@ class TrainResult:
     episode_lengths: list[int]
     episode_steps: list[int]  # global step at which each episode ended
     episode_times: list[float]  # unix time at which each episode ended (this process only)
-    model: torch.nn.Module
+    model: torch.nn.Module  # the policy network
 
     start_step: int = 0  # > 0 when the run was resumed
 
@@ -162,17 +162,64 @@ class TrainResult:
         return (self.global_step - self.start_step) / max(self.seconds, 1e-9)
 
 
+class TrainingState:
+    """An algorithm's whole state, as a Run checkpoints and restores it.
+
+    envs: the vector env; policy: the network that model.pt keeps, described by
+    policy_spec (rlstore.networks.policy_spec); obs: the host observation the next action
+    is taken at, for loops that keep it here (DQN's; PPO and A2C keep theirs in the
+    RolloutStorage, whose `reset` is then `on_fresh_envs`); parts: everything else with
+    state_dict() / load_state_dict() (optimizer, storage, target network), by name.
+    """
+
+    def __init__(
+        self,
+        envs: gym.vector.VectorEnv,
+        policy: torch.nn.Module,
+        policy_spec: dict[str, Any],
+        obs: np.ndarray | None = None,
+        on_fresh_envs: Callable[[np.ndarray], None] | None = None,
+        **parts: Any,
+    ) -> None:
+        self.envs, self.policy, self.policy_spec = envs, policy, policy_spec
+        self.obs, self.on_fresh_envs, self.parts = obs, on_fresh_envs, parts
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self.policy.state_dict(), "envs": env_state(self.envs)}
+        if self.obs is not None:
+            state["obs"] = torch.from_numpy(np.array(self.obs))
+        return state | {name: part.state_dict() for name, part in self.parts.items()}
+
+    def load_state_dict(self, state: dict[str, Any], seed: int) -> bool:
+        """Restore; False when the envs could not be saved and were reset instead."""
+        self.policy.load_state_dict(state["model"])
+        for name, part in self.parts.items():
+            part.load_state_dict(state[name])
+        if state["envs"] is not None:
+            load_env_state(self.envs, state["envs"])
+            if "obs" in state:
+                self.obs = state["obs"].numpy()
+            return True
+        name = self.envs.spec.id if self.envs.spec else "this env"
+        print(f"rlstore: {name} cannot be saved; resuming with freshly reset envs", file=sys.stderr)
+        obs, _ = self.envs.reset(seed=seed)
+        self.obs = obs if self.obs is not None else None
+        if self.on_fresh_envs is not None:
+            self.on_fresh_envs(obs)
+        return False
+
+
 class Run:
-    """Counters, logging, progress, checkpoints and signals of one training run.
+    """Counters, logging, progress, checkpoints, resume and signals of one training run.
 
     The x axis of every scalar is `global_step`, the number of env steps taken so far.
     Episode returns are logged as episodes end; update scalars at most once per
     LOG_EVERY_STEPS env steps (A2C updates every 20 steps: logging each would cost more
     than the update).
 
-    With `resume_dir`, the run continues in that directory from its newest valid
-    checkpoint (`self.resumed` holds the algorithm's part of it); TensorBoard events after
-    the checkpoint's step from the interrupted run are purged, so curves neither split nor
+    With `resume_dir`, `start` continues the run in that directory from its newest valid
+    checkpoint: the TrainingState, the counters, the episodes and the RNGs come back, and
+    TensorBoard events after the checkpoint's step are purged, so curves neither split nor
     repeat.
     """
 
@@ -182,13 +229,18 @@ class Run:
         self,
         cfg: CommonConfig,
         algo: str,
-        device: torch.device,
         preset: Path | None = None,
         resume_dir: Path | None = None,
-        policy: dict[str, Any] | None = None,
     ) -> None:
-        self.cfg, self.algo, self.device = cfg, algo, device
-        self.policy = policy or {}  # what rebuilds the policy network (rlstore.evaluate)
+        """Check everything that can be checked before anything is built, set torch's
+        threads, seed the RNGs and pick the device (`self.device`)."""
+        validate(cfg)
+        check_env_id(cfg.env_id)
+        self.device = resolve_device(cfg.device)
+        check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
+        torch.set_num_threads(1 if cfg.torch_threads == "auto" else cfg.torch_threads)
+        seed_everything(cfg.seed)
+        self.cfg, self.algo, self.preset, self.resume_dir = cfg, algo, preset, resume_dir
         self.global_step = 0
         self.last_log_step = 0
         self.episode_returns: list[float] = []
@@ -196,30 +248,40 @@ class Run:
         self.episode_steps: list[int] = []
         self.episode_times: list[float] = []
         self.recent_returns: deque[float] = deque(maxlen=20)
-        self.resumed: dict[str, Any] | None = None
-        if resume_dir is None:
-            self.dir = new_run_dir(cfg.logdir, cfg.env_id, cfg.exp_name or algo, cfg.seed)
+        self.stats = EpisodeStats(cfg.num_envs)
+        self.state: TrainingState | None = None
+        self.writer = None
+        self.stop_signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+    # -- the start ----------------------------------------------------------------------------
+
+    def start(self, state: TrainingState) -> Run:
+        """Make the run directory, or restore `state` and the run from the newest checkpoint
+        of the one being resumed; open TensorBoard, catch SIGINT/SIGTERM. Use as `with`."""
+        cfg, self.state = self.cfg, state
+        if self.resume_dir is None:
+            self.dir = new_run_dir(cfg.logdir, cfg.env_id, cfg.exp_name or self.algo, cfg.seed)
         else:
-            self.dir = Path(resume_dir)
-            self.resumed = self._load_checkpoint()
-        record = {"algo": algo, "preset": str(preset) if preset else None}
+            self.dir = Path(self.resume_dir)
+            self._resume()
+        record = {"algo": self.algo, "preset": str(self.preset) if self.preset else None}
         record.update(dataclasses.asdict(cfg))
         # What "auto" became on this machine (read back by nobody: a resume resolves again).
-        record["resolved"] = {"device": str(device), "torch_threads": torch.get_num_threads()}
+        record["resolved"] = {"device": str(self.device), "torch_threads": torch.get_num_threads()}
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-        self.writer = None
         if cfg.track_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             # Everything at the checkpoint's own step was logged before it was written.
-            purge = self.global_step + 1 if self.resumed is not None else None
+            purge = self.global_step + 1 if self.resume_dir is not None else None
             self.writer = SummaryWriter(str(self.dir), purge_step=purge)
-            if self.resumed is None:
+            if self.resume_dir is None:
                 rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
                 self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
-        if self.resumed is None:
+        if self.resume_dir is None:
             print(
-                f"rlstore: {algo} on {cfg.env_id}, preset: {preset or 'none'}, "
+                f"rlstore: {self.algo} on {cfg.env_id}, preset: {self.preset or 'none'}, "
                 f"config file: {cfg.config or 'none'}; run directory {self.dir}"
             )
             if cfg.steps_run != cfg.total_timesteps:
@@ -228,116 +290,92 @@ class Run:
                     f"of iterations of {cfg.iteration_steps:,} env steps; the run takes "
                     f"{cfg.steps_run:,}"
                 )
-        self.progress = Progress(
-            cfg.steps_run, f"{algo} {cfg.env_id}", cfg.progress, self.global_step
-        )
-        self.start = time.perf_counter()
+        label = f"{self.algo} {cfg.env_id}"
+        self.progress = Progress(cfg.steps_run, label, cfg.progress, self.global_step)
+        self.start_time = time.perf_counter()
         self.start_step = self.global_step
-        self.stop_signal: int | None = None
-        self._previous_handlers = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         # Until close(), denormal floats (below ~1e-38) are flushed to zero, as TensorFlow
         # does on CPU: Adam moments of parameters whose gradient stays 0 (dead ReLUs) decay
-        # into that range, where CPU arithmetic is ~3x slower (DQN's Adam step: 60 -> 190 us).
+        # into that range, where CPU arithmetic is several times slower.
         torch.set_flush_denormal(True)
+        return self
 
-    # -- signals and checkpoints --------------------------------------------------------------
+    def __enter__(self) -> Run:
+        return self
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        """First signal: finish the current step, checkpoint, stop. A second one: stop now."""
-        if self.stop_signal is not None:
-            raise KeyboardInterrupt
-        self.stop_signal = signum
-        print(f"\nrlstore: signal {signum}: writing a checkpoint, then stopping", file=sys.stderr)
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self.state is not None:
+            self.state.envs.close()
 
-    def checkpoint_due(self, before: int) -> bool:
-        """Whether the steps since `before` crossed a multiple of --checkpoint-every."""
-        every = self.cfg.checkpoint_every
-        return every > 0 and self.global_step // every > before // every
-
-    def save_checkpoint(self, state: dict[str, Any]) -> Path:
-        """Write the algorithm's `state` plus the run's own atomically; keep the newest K."""
-        directory = self.dir / "checkpoints"
-        directory.mkdir(exist_ok=True)
-        path = directory / f"step_{self.global_step:012d}.pt"
-        atomic_save(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "algo": self.algo,
-                "env_id": self.cfg.env_id,
-                "global_step": self.global_step,
-                "last_log_step": self.last_log_step,
-                "episodes": {
-                    "returns": self.episode_returns,
-                    "lengths": self.episode_lengths,
-                    "steps": self.episode_steps,
-                },
-                "rng": rng_state(),
-                "policy": self.policy,
-                "algorithm": state,
-            },
-            path,
-        )
-        for old in checkpoint_files(directory)[max(self.cfg.keep_checkpoints, 1) :]:
-            old.unlink()
-        return path
-
-    def stop_if_asked(self, state: Callable[[], dict[str, Any]]) -> None:
-        """At a step boundary: on a pending SIGINT/SIGTERM, checkpoint and stop."""
-        if self.stop_signal is not None:
-            path = self.save_checkpoint(state())
-            print(
-                f"rlstore: checkpoint {path}; continue with: rlstore resume {self.dir}",
-                file=sys.stderr,
-            )
-            raise TrainingInterrupted(self.stop_signal)
-
-    def _load_checkpoint(self) -> dict[str, Any]:
-        found = load_newest_valid(self.dir / "checkpoints", REQUIRED_KEYS)
+    def _resume(self) -> None:
+        found = read_newest_checkpoint(self.dir / "checkpoints")
         if found is None:
             raise UsageError(f"{self.dir} has no valid checkpoint to resume from")
-        path, state = found
-        if state["algo"] != self.algo or state["env_id"] != self.cfg.env_id:
+        path, checkpoint = found
+        if checkpoint["algo"] != self.algo or checkpoint["env_id"] != self.cfg.env_id:
             raise UsageError(
-                f"{path} is a checkpoint of {state['algo']} on {state['env_id']}, "
+                f"{path} is a checkpoint of {checkpoint['algo']} on {checkpoint['env_id']}, "
                 f"not of {self.algo} on {self.cfg.env_id}; resume it with its own run directory"
             )
-        if state["global_step"] > self.cfg.total_timesteps:
+        if checkpoint["global_step"] > self.cfg.total_timesteps:
             raise UsageError(
                 f"--total-timesteps {self.cfg.total_timesteps} is smaller than the "
-                f"{state['global_step']} steps already done; give a larger value"
+                f"{checkpoint['global_step']} steps already done; give a larger value"
             )
-        self.global_step = state["global_step"]
-        self.last_log_step = state["last_log_step"]
-        episodes = state["episodes"]
+        self.global_step = checkpoint["global_step"]
+        self.last_log_step = checkpoint["last_log_step"]
+        episodes = checkpoint["episodes"]
         self.episode_returns = list(episodes["returns"])
         self.episode_lengths = list(episodes["lengths"])
         self.episode_steps = list(episodes["steps"])
         self.recent_returns.extend(self.episode_returns[-20:])
         print(f"rlstore: resuming from {path} at step {self.global_step:,}")
-        self._rng = state["rng"]
-        return state["algorithm"]
+        if self.state.load_state_dict(checkpoint["algorithm"], self.cfg.seed):
+            self.stats.load_state_dict(checkpoint["episode_stats"])
+        # Last: building the parts drew random numbers of its own.
+        set_rng_state(checkpoint["rng"])
 
-    def restore_rng(self) -> None:
-        """Call once everything is built: building draws random numbers of its own."""
-        if self.resumed is not None:
-            set_rng_state(self._rng)
+    # -- the loop -----------------------------------------------------------------------------
 
-    # -- logging ------------------------------------------------------------------------------
+    def iterations(self) -> Iterator[int]:
+        """The loop's iterations (index = env steps done // steps per iteration), until the
+        run's steps are done. After each: a checkpoint when one is due, and on a pending
+        SIGINT/SIGTERM a checkpoint and TrainingInterrupted."""
+        while self.global_step < self.cfg.steps_run:
+            before = self.global_step
+            yield self.global_step // self.cfg.iteration_steps
+            every = self.cfg.checkpoint_every
+            if every > 0 and self.global_step // every > before // every:
+                self.save_checkpoint()
+            if self.stop_signal is not None:
+                path = self.save_checkpoint()
+                print(
+                    f"rlstore: checkpoint {path}; continue with: rlstore resume {self.dir}",
+                    file=sys.stderr,
+                )
+                raise TrainingInterrupted(self.stop_signal)
 
-    def log_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
-        now = time.time()
-        for ret, length in zip(returns.tolist(), lengths.tolist(), strict=True):
-            self.episode_returns.append(ret)
-            self.episode_lengths.append(length)
-            self.episode_steps.append(self.global_step)
-            self.episode_times.append(now)
-            self.recent_returns.append(ret)
-            if self.writer is not None:
-                self.writer.add_scalar("charts/episodic_return", ret, self.global_step)
-                self.writer.add_scalar("charts/episodic_length", length, self.global_step)
+    def record_step(
+        self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+    ) -> None:
+        """Count one vector step of env steps; log the episodes that ended at it."""
+        self.global_step += self.cfg.num_envs
+        returns, lengths = self.stats.update(rewards, terminated, truncated)
+        if len(returns):
+            now = time.time()
+            for ret, length in zip(returns.tolist(), lengths.tolist(), strict=True):
+                self.episode_returns.append(ret)
+                self.episode_lengths.append(length)
+                self.episode_steps.append(self.global_step)
+                self.episode_times.append(now)
+                self.recent_returns.append(ret)
+                if self.writer is not None:
+                    self.writer.add_scalar("charts/episodic_return", ret, self.global_step)
+                    self.writer.add_scalar("charts/episodic_length", length, self.global_step)
 
     @property
     def recent_mean_return(self) -> float | None:
@@ -353,7 +391,7 @@ class Run:
     def log_scalars(self, scalars: dict[str, Any]) -> None:
         """Log one update's scalars (tensors are read here, not in the collect loop)."""
         self.last_log_step = self.global_step
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        elapsed = max(time.perf_counter() - self.start_time, 1e-9)
         sps = (self.global_step - self.start_step) / elapsed
         if self.writer is not None:
             for name, value in scalars.items():
@@ -361,7 +399,41 @@ class Run:
             self.writer.add_scalar("charts/SPS", sps, self.global_step)
         self.progress.update(self.global_step, self.recent_mean_return)
 
-    # -- the end --------------------------------------------------------------------------
+    # -- signals and checkpoints --------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """First signal: finish the current iteration, checkpoint, stop. A second: stop now."""
+        if self.stop_signal is not None:
+            raise KeyboardInterrupt
+        self.stop_signal = signum
+        print(f"\nrlstore: signal {signum}: writing a checkpoint, then stopping", file=sys.stderr)
+
+    def save_checkpoint(self) -> Path:
+        """Write the run's and the algorithm's state atomically; keep the newest K."""
+        directory = self.dir / "checkpoints"
+        directory.mkdir(exist_ok=True)
+        path = directory / f"step_{self.global_step:012d}.pt"
+        write_checkpoint(
+            path,
+            algo=self.algo,
+            env_id=self.cfg.env_id,
+            global_step=self.global_step,
+            last_log_step=self.last_log_step,
+            episodes={
+                "returns": self.episode_returns,
+                "lengths": self.episode_lengths,
+                "steps": self.episode_steps,
+            },
+            episode_stats=self.stats.state_dict(),
+            rng=rng_state(),
+            policy=self.state.policy_spec,
+            algorithm=self.state.state_dict(),
+        )
+        for old in checkpoint_files(directory)[self.cfg.keep_checkpoints :]:
+            old.unlink()
+        return path
+
+    # -- the end ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Flush and close the event file, give the signals back, stop flushing denormals
@@ -374,36 +446,22 @@ class Run:
             signal.signal(signum, handler)
         self._previous_handlers = {}
 
-    def finish(self, model: torch.nn.Module, state: dict[str, Any]) -> TrainResult:
+    def finish(self) -> TrainResult:
         """Write the final checkpoint and model file, close, and print the one-line summary."""
-        self.save_checkpoint(state)
-        atomic_save(
-            {
-                "format": POLICY_FORMAT,
-                "algo": self.algo,
-                "env_id": self.cfg.env_id,
-                "global_step": self.global_step,
-                "config": dataclasses.asdict(self.cfg),
-                "state_dict": model.state_dict(),
-                "policy": self.policy,
-            },
+        self.save_checkpoint()
+        write_policy(
             self.dir / "model.pt",
+            algo=self.algo,
+            env_id=self.cfg.env_id,
+            global_step=self.global_step,
+            config=dataclasses.asdict(self.cfg),
+            state_dict=self.state.policy.state_dict(),
+            policy=self.state.policy_spec,
         )
-        seconds = time.perf_counter() - self.start
+        seconds = time.perf_counter() - self.start_time
         self.close()
         self.progress.update(self.global_step, self.recent_mean_return, force=True)
         self.progress.close()
-        result = TrainResult(
-            self.dir,
-            self.global_step,
-            seconds,
-            self.episode_returns,
-            self.episode_lengths,
-            self.episode_steps,
-            self.episode_times,
-            model,
-            self.start_step,
-        )
         mean = self.recent_mean_return
         steps = self.global_step - self.start_step
         print(
@@ -412,4 +470,14 @@ class Run:
             f"mean return of the last {len(self.recent_returns)}: "
             f"{'-' if mean is None else f'{mean:.1f}'}; run dir {self.dir}"
         )
-        return result
+        return TrainResult(
+            self.dir,
+            self.global_step,
+            seconds,
+            self.episode_returns,
+            self.episode_lengths,
+            self.episode_steps,
+            self.episode_times,
+            self.state.policy,
+            self.start_step,
+        )

@@ -196,7 +196,7 @@ def child_floor(device_name: str, num_envs: int) -> dict:
     # rlstore's collect loop alone, on the same shape
     import tempfile
 
-    from rlstore.algos.common import OnPolicySetup
+    from rlstore.algos.common import build_actor_critic, collect_rollout
 
     with tempfile.TemporaryDirectory() as logdir:
         cfg = PPOConfig(
@@ -206,18 +206,18 @@ def child_floor(device_name: str, num_envs: int) -> dict:
             progress=False,
             track_tensorboard=False,
         )
-        setup = OnPolicySetup(cfg, device)
-        run = Run(cfg, "ppo", device)
+        run = Run(cfg, "ppo")
+        agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
         for _ in range(3):
-            setup.collect_rollout(run)
-            setup.storage.after_update()
+            collect_rollout(agent, storage, state.envs, run)
+            storage.after_update()
         start = time.perf_counter()
         rollouts = 40
         for _ in range(rollouts):
-            setup.collect_rollout(run)
-            setup.storage.after_update()
+            collect_rollout(agent, storage, state.envs, run)
+            storage.after_update()
         collect_s = (time.perf_counter() - start) / (rollouts * cfg.num_steps)
-        run.close()
+        state.envs.close()
     return {
         "env": type(envs).__name__,
         "env_step_us": env_s * 1e6,

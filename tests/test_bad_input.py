@@ -19,7 +19,7 @@ def run_main(args, logdir, capsys):
     "args, message",
     [
         (["ppo", "--env", "CartPol-v1"], "unknown env id 'CartPol-v1'; did you mean CartPole-v1"),
-        (["ppo", "--num-minibatches", "3"], "--num-minibatches 3 does not divide the batch"),
+        (["ppo", "--num-minibatches", "3"], "--num-minibatches 3 does not divide the rollout"),
         (["ppo", "--num-envs", "0"], "--num-envs must be at least 1"),
         (["ppo", "--total-timesteps", "100"], "smaller than one rollout"),
         (["a2c", "--total-timesteps", "10"], "smaller than one rollout"),
@@ -61,7 +61,8 @@ def test_every_bounded_field_is_checked_before_anything_is_built():
     import dataclasses
     import typing
 
-    from rlstore.config import CONFIG_CLASSES, UsageError, _bound, flag, validate
+    from rlstore.config import CONFIG_CLASSES, _bound, flag, validate
+    from rlstore.errors import UsageError
 
     checked = 0
     for cls in CONFIG_CLASSES.values():

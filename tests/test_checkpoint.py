@@ -17,8 +17,9 @@ import rlstore
 from rlstore.algos import a2c, dqn, ppo
 from rlstore.checkpoint import checkpoint_files, env_state, load_env_state
 from rlstore.cli import main
-from rlstore.config import A2CConfig, DQNConfig, PPOConfig, TrainingInterrupted
+from rlstore.config import A2CConfig, DQNConfig, PPOConfig
 from rlstore.envs import make_vec_env
+from rlstore.errors import TrainingInterrupted
 
 COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
 SETUPS = {
@@ -76,8 +77,8 @@ def test_interrupted_dqn_resumes_to_the_same_run(tmp_path):
         dqn.train(cfg, on_step=interrupt)
     assert info.value.exit_code == 130
     (run_dir,) = Path(tmp_path).glob("CartPole-v1__dqn__*")
-    # the signal lands after step 1500; the loop stops at the next boundary (2 envs: 1502)
-    assert [p.name for p in checkpoint_files(run_dir / "checkpoints")] == ["step_000000001502.pt"]
+    # the signal lands in the iteration that ends at step 1500: it finishes, checkpoints, stops
+    assert [p.name for p in checkpoint_files(run_dir / "checkpoints")] == ["step_000000001500.pt"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers given back
     resumed = dqn.train(cfg, resume=run_dir)
     assert resumed.episode_returns == full.episode_returns

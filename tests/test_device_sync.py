@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rlstore import QNetwork, ReplayBuffer
-from rlstore.algos.common import OnPolicySetup
+from rlstore.algos.common import build_actor_critic, collect_rollout, compute_returns
 from rlstore.algos.dqn import epsilon_greedy, gradient_step, update_target
 from rlstore.algos.ppo import ppo_update
 from rlstore.config import DQNConfig, PPOConfig
@@ -78,20 +78,20 @@ def optimizer_for(model: nn.Module, device: torch.device, monkeypatch):
 def ppo_iteration(device, watch, tmp_path, monkeypatch):
     """Build (copying the network to the device may block), then one iteration of PPO's
     loop under `watch`: collect, returns, update."""
-    cfg = PPOConfig(num_envs=N, num_steps=T, num_minibatches=2, device=str(device),
+    cfg = PPOConfig(num_envs=N, num_steps=T, num_minibatches=2, device="cpu",
                     logdir=str(tmp_path), progress=False, track_tensorboard=False)  # fmt: skip
-    setup = OnPolicySetup(cfg, device)
-    optimizer = optimizer_for(setup.agent, device, monkeypatch)
-    run = Run(cfg, "ppo", device)
+    run = Run(cfg, "ppo")  # counts the steps; the parts live on `device`
+    agent, storage, state = build_actor_critic(cfg, "ppo", device)
+    optimizer = optimizer_for(agent, device, monkeypatch)
     try:
         with watch:
-            setup.collect_rollout(run)
-            setup.compute_returns(cfg.gamma, cfg.gae_lambda, cfg.use_gae)
-            ppo_update(setup.agent, optimizer, setup.storage, cfg)
-            setup.storage.after_update()
+            collect_rollout(agent, storage, state.envs, run)
+            compute_returns(agent, storage, cfg)
+            ppo_update(agent, optimizer, storage, cfg)
+            storage.after_update()
     finally:
-        setup.envs.close()
-        run.close()
+        state.envs.close()
+    assert run.global_step == N * T
     return T  # vector steps taken
 
 

@@ -9,23 +9,20 @@ batch -> every target_network_frequency steps a target update -> log.
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces
 from torch import nn
 from torch.nn import functional as F
 
 from rlstore.algos.common import linear_schedule
-from rlstore.checkpoint import env_state, load_env_state
-from rlstore.config import DQNConfig, UsageError
-from rlstore.envs import EpisodeStats, make_vec_env
-from rlstore.networks import GreedyActor, QNetwork
-from rlstore.run import Run, TrainResult, prepare, resolve_device
+from rlstore.config import DQNConfig
+from rlstore.envs import make_vec_env
+from rlstore.networks import GreedyActor, QNetwork, policy_spec
+from rlstore.run import Run, TrainingState, TrainResult, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 
@@ -121,17 +118,12 @@ def train(
     watch the target network and epsilon).
     """
     # -- build ---------------------------------------------------------------------------
-    device = prepare(cfg, resume)
+    run = Run(cfg, "dqn", preset, resume)
+    device = run.device
     envs = make_vec_env(
-        cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps
+        cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps, "dqn"
     )
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    if not isinstance(action_space, spaces.Discrete):
-        envs.close()
-        raise UsageError(
-            f"DQN needs a Discrete action space; {cfg.env_id} has {action_space}. "
-            "Use `rlstore train ppo` or `rlstore train a2c` for continuous actions"
-        )
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
     q_network = QNetwork(int(np.prod(obs_space.shape)), num_actions, dueling=cfg.dueling).to(device)
@@ -152,59 +144,25 @@ def train(
         priority_eps=cfg.per_eps,
         seed=cfg.seed,
     )
-    stats = EpisodeStats(cfg.num_envs)
     obs, _ = envs.reset(seed=cfg.seed)
-    policy = {
-        "network": "q_network",
-        "obs_shape": list(obs_space.shape),
-        "action_dim": num_actions,
-        "dueling": cfg.dueling,
-    }
-    run = Run(cfg, "dqn", device, preset, resume, policy)
-    if run.resumed is not None:
-        state = run.resumed
-        q_network.load_state_dict(state["model"])
-        target_network.load_state_dict(state["target_model"])
-        optimizer.load_state_dict(state["optimizer"])
-        buffer.load_state_dict(state["buffer"])
-        if state["envs"] is None:
-            print(
-                f"rlstore: {cfg.env_id} cannot be saved; resuming with freshly reset envs",
-                file=sys.stderr,
-            )
-        else:
-            load_env_state(envs, state["envs"])
-            obs = state["obs"].numpy()
-            stats.load_state_dict({k: v.numpy() for k, v in state["stats"].items()})
-    run.restore_rng()
+    spec = policy_spec(q_network, obs_space, action_space)
+    state = TrainingState(envs, q_network, spec, obs, target_model=target_network,
+                          optimizer=optimizer, buffer=buffer)  # fmt: skip
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
     last_update: tuple[torch.Tensor, torch.Tensor] | None = None  # (loss, Q(s, a)), for logging
 
-    def snapshot() -> dict:
-        return {
-            "model": q_network.state_dict(),
-            "target_model": target_network.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "buffer": buffer.state_dict(),
-            "envs": env_state(envs),
-            "obs": torch.from_numpy(np.array(obs)),
-            "stats": {k: torch.from_numpy(v.copy()) for k, v in stats.state_dict().items()},
-        }
-
-    try:
-        while run.global_step < cfg.total_timesteps:
-            # -- act: epsilon-greedy per env -------------------------------------------
+    with run.start(state):
+        for _ in run.iterations():
+            # -- act: epsilon-greedy per env; state.obs is where the envs are --------------
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
-            action = epsilon_greedy(greedy_actions, obs, epsilon, num_actions)
+            action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions)
             next_obs, reward, terminated, truncated, _ = envs.step(action)
 
             # -- store -----------------------------------------------------------------
-            buffer.add(obs, action, reward, next_obs, terminated, truncated)
-            obs = next_obs
-            before, run.global_step = run.global_step, run.global_step + cfg.num_envs
-            returns, lengths = stats.update(reward, terminated, truncated)
-            if len(returns):
-                run.log_episodes(returns, lengths)
+            buffer.add(state.obs, action, reward, next_obs, terminated, truncated)
+            state.obs = next_obs
+            before = run.global_step
+            run.record_step(reward, terminated, truncated)
 
             # -- train -----------------------------------------------------------------
             if run.global_step > cfg.learning_starts:
@@ -221,16 +179,13 @@ def train(
                 if crossings(before, run.global_step, cfg.target_network_frequency):
                     update_target(target_network, q_network, cfg.tau)
 
-            # -- log, checkpoint ---------------------------------------------------------
+            # -- log -----------------------------------------------------------------------
             if run.log_due():
                 metrics = {"charts/epsilon": epsilon}
                 if last_update is not None:
                     metrics["losses/td_loss"] = last_update[0].detach()
                     metrics["losses/q_values"] = last_update[1].mean()
                 run.log_scalars(metrics)
-            if run.checkpoint_due(before):
-                run.save_checkpoint(snapshot())
-            run.stop_if_asked(snapshot)
             if on_step is not None:
                 on_step(
                     {
@@ -241,7 +196,4 @@ def train(
                         "buffer": buffer,
                     }
                 )
-        return run.finish(q_network, snapshot())
-    finally:
-        envs.close()
-        run.close()
+        return run.finish()

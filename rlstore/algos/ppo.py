@@ -6,16 +6,21 @@ collect -> compute returns -> minibatch updates -> log.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from rlstore.algos.common import OnPolicySetup, explained_variance, linear_schedule
+from rlstore.algos.common import (
+    build_actor_critic,
+    collect_rollout,
+    compute_returns,
+    explained_variance,
+    linear_schedule,
+)
 from rlstore.config import PPOConfig
 from rlstore.networks import ActorCritic
-from rlstore.run import Run, TrainResult, prepare
+from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 
 
@@ -84,35 +89,29 @@ def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    device = prepare(cfg, resume)
-    setup = OnPolicySetup(cfg, device)
-    agent, storage = setup.agent, setup.storage
+    run = Run(cfg, "ppo", preset, resume)
+    agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
     # fused: one kernel for all parameters instead of a Python loop over them
     optimizer = torch.optim.Adam(
         agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True
     )
-    run = Run(cfg, "ppo", device, preset, resume, setup.policy_info())
-    if run.resumed is not None:
-        setup.restore(run.resumed, optimizer, cfg.seed)
-    run.restore_rng()
-    snapshot = functools.partial(setup.snapshot, optimizer)
+    state.parts["optimizer"] = optimizer
 
-    try:
-        for iteration in range(run.global_step // cfg.batch_size, cfg.num_iterations):
-            before = run.global_step
+    with run.start(state):
+        for iteration in run.iterations():
             lr = cfg.learning_rate
             if cfg.anneal_lr:
                 lr = linear_schedule(cfg.learning_rate, 0.0, cfg.num_iterations, iteration)
                 optimizer.param_groups[0]["lr"] = lr
 
             # -- collect and compute returns ----------------------------------------------
-            setup.collect_rollout(run)
-            setup.compute_returns(cfg.gamma, cfg.gae_lambda, cfg.use_gae)
+            collect_rollout(agent, storage, state.envs, run)
+            compute_returns(agent, storage, cfg)
 
             # -- update: epochs of minibatches ------------------------------------------
             losses = ppo_update(agent, optimizer, storage, cfg)
 
-            # -- log, checkpoint -----------------------------------------------------------
+            # -- log -----------------------------------------------------------------------
             if run.log_due():
                 data = storage.flatten()
                 losses.pop("loss")
@@ -122,10 +121,4 @@ def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None
                 losses["charts/learning_rate"] = lr
                 run.log_scalars(losses)
             storage.after_update()
-            if run.checkpoint_due(before):
-                run.save_checkpoint(snapshot())
-            run.stop_if_asked(snapshot)
-        return run.finish(agent, snapshot())
-    finally:
-        setup.envs.close()
-        run.close()
+        return run.finish()
