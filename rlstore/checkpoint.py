@@ -36,6 +36,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlstore.fast import LeanSyncVectorEnv
+
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 CHECKPOINT_FORMAT = "rlstore-checkpoint-2"
 # Format 1 kept the episodes in progress inside the algorithm's state, as "stats".
@@ -198,7 +200,7 @@ def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
     """The vector env's full state, or None when it cannot be captured exactly."""
     if isinstance(envs, gym.vector.AsyncVectorEnv):
         return None
-    if isinstance(envs, gym.vector.SyncVectorEnv):
+    if isinstance(envs, (gym.vector.SyncVectorEnv, LeanSyncVectorEnv)):
         subs = [_env_chain(env) for env in envs.envs]
         if any(s is None for s in subs):
             return None
@@ -208,8 +210,17 @@ def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
     return {"vector": _attributes(envs), "envs": []}
 
 
+# Format 1 checkpoints saved LeanSyncVectorEnv when it was a SyncVectorEnv subclass.
+_RENAMED = {
+    f"_{name}": name for name in ("observations", "rewards", "terminations", "truncations")
+} | {"_autoreset_envs": "autoreset"}
+
+
 def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
-    _restore(envs, state["vector"])
+    vector = state["vector"]
+    if isinstance(envs, LeanSyncVectorEnv):
+        vector = {_RENAMED.get(k, k): v for k, v in vector.items() if k != "_env_obs"}
+    _restore(envs, vector)
     if state["envs"]:
         for env, chain in zip(envs.envs, state["envs"], strict=True):
             layer = env

@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -24,6 +23,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from rlstore.errors import UsageError
+from rlstore.fast import LeanSyncVectorEnv
 
 # Env families that need an optional dependency: (entry-point module prefix or id
 # prefix, what it needs, the rlstore extra that installs it).
@@ -95,9 +95,8 @@ def check_spaces(env_id: str, algo: str | None, obs_space: gym.Space, action_spa
         )
 
 
-# A native vector step has a fixed cost (CartPole: ~42 us for 1 to 16 envs) where the lean
-# sync step pays per env (~3 + 7 us x N: 10 us for 1 env, 31 for 4, 46 for 6): below 6
-# envs sync is faster.
+# A native vector step costs about the same for 1 or 16 envs, where the lean sync step pays
+# per env: below 6 CartPole envs sync is faster (docs/fast-paths.md).
 NATIVE_MIN_ENVS = 6
 
 
@@ -132,7 +131,11 @@ def make_vec_env(
         mode = vectorization
     kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     if mode == "sync":
-        envs = LeanSyncVectorEnv([functools.partial(gym.make, spec.id, **kwargs)] * num_envs)
+        env_fns = [functools.partial(gym.make, spec.id, **kwargs)] * num_envs
+        try:
+            envs = LeanSyncVectorEnv(env_fns)
+        except TypeError:  # observations it does not handle: rlstore refuses them below
+            envs = gym.vector.SyncVectorEnv(env_fns)
     else:
         envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     try:
@@ -147,49 +150,6 @@ def make_vec_env(
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
-
-
-class LeanSyncVectorEnv(gym.vector.SyncVectorEnv):
-    """Gymnasium's SyncVectorEnv with a leaner NEXT_STEP `step` for array observations.
-
-    Same results, step for step (tests/test_envs.py compares them), written straight into
-    the preallocated arrays. Gymnasium's generic step spends ~9 us per call on space
-    dispatch, stacking and copies (16 us for one CartPole, whose own step takes 7 us),
-    which is most of an env step in DQN's one-env loop. Other spaces and autoreset modes
-    take Gymnasium's step.
-    """
-
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        if not (
-            self.autoreset_mode == AutoresetMode.NEXT_STEP
-            and isinstance(self.single_observation_space, spaces.Box)
-            and isinstance(
-                self.action_space, (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)
-            )
-        ):
-            return super().step(actions)
-        observations, rewards = self._observations, self._rewards
-        terminations, truncations = self._terminations, self._truncations
-        infos: dict[str, Any] = {}
-        for i, (action, env) in enumerate(zip(actions, self.envs, strict=True)):
-            if self._autoreset_envs[i]:  # the pseudo-step: reset, reward 0, no flags
-                self._env_obs[i], env_info = env.reset()
-                rewards[i], terminations[i], truncations[i] = 0.0, False, False
-            else:
-                self._env_obs[i], rewards[i], terminations[i], truncations[i], env_info = env.step(
-                    action
-                )
-            observations[i] = self._env_obs[i]
-            if env_info:
-                infos = self._add_info(infos, env_info, i)
-        self._autoreset_envs = terminations | truncations
-        return (
-            observations.copy() if self.copy else observations,
-            rewards.copy(),
-            terminations.copy(),
-            truncations.copy(),
-            infos,
-        )
 
 
 class EpisodeStats:

@@ -43,6 +43,7 @@ from rlstore.checkpoint import (
 from rlstore.config import CommonConfig, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.fast import flush_denormals
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -297,10 +298,7 @@ class Run:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
-        # Until close(), denormal floats (below ~1e-38) are flushed to zero, as TensorFlow
-        # does on CPU: Adam moments of parameters whose gradient stays 0 (dead ReLUs) decay
-        # into that range, where CPU arithmetic is several times slower.
-        torch.set_flush_denormal(True)
+        flush_denormals(True)  # until close()
         return self
 
     def __enter__(self) -> Run:
@@ -438,7 +436,7 @@ class Run:
     def close(self) -> None:
         """Flush and close the event file, give the signals back, stop flushing denormals
         (back to the default); safe to call again."""
-        torch.set_flush_denormal(False)
+        flush_denormals(False)
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -20,8 +20,8 @@ import torch
 
 from rlstore.algos import dqn
 from rlstore.cli import parse_train
-from rlstore.envs import EpisodeStats, LeanSyncVectorEnv
-from rlstore.networks import GreedyActor
+from rlstore.envs import EpisodeStats
+from rlstore.fast import GreedyActor, LeanSyncVectorEnv
 from rlstore.storage import ReplayBuffer
 
 seconds: defaultdict[str, float] = defaultdict(float)

@@ -24,7 +24,7 @@ from rlstore.algos.common import build_actor_critic, collect_rollout, compute_re
 from rlstore.algos.dqn import epsilon_greedy, gradient_step, update_target
 from rlstore.algos.ppo import ppo_update
 from rlstore.config import DQNConfig, PPOConfig
-from rlstore.networks import GreedyActor
+from rlstore.fast import GreedyActor
 from rlstore.run import Run
 
 N, T = 4, 16
@@ -105,7 +105,7 @@ def dqn_steps(device, watch, tmp_path, monkeypatch):
     target_network = copy.deepcopy(q_network)
     optimizer = optimizer_for(q_network, device, monkeypatch)
     buffer = ReplayBuffer(100, N, (4,), device=device, n_step=3, seed=1)
-    greedy = GreedyActor(q_network)
+    greedy = GreedyActor(q_network.advantage_path)
     obs, _ = envs.reset(seed=1)
     with watch:
         for _ in range(T):

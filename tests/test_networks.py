@@ -1,15 +1,14 @@
 """ActorCritic: the direct formulas agree with torch.distributions; init and shapes.
-GreedyActor: its numpy forward picks the actions of the torch Q-network."""
+the policy spec that rebuilds them."""
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 from torch.distributions import Categorical, Normal
 
-from rlstore.networks import ActorCritic, GreedyActor, QNetwork, actor_critic_for
+from rlstore.networks import ActorCritic, actor_critic_for
 
 
 def test_categorical_head_matches_torch_distributions():
@@ -68,57 +67,3 @@ def test_built_from_spaces():
     assert actor_critic_for(box, spaces.Box(-2, 2, (3,))).continuous
     with pytest.raises(ValueError, match="unsupported action space"):
         actor_critic_for(box, spaces.MultiDiscrete([2, 3]))
-
-
-def torch_greedy(q_network: QNetwork, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The oracle: argmax of the module's forward, and which rows have no near-tie."""
-    with torch.no_grad():
-        q = q_network(torch.from_numpy(obs)).numpy()
-    top2 = np.sort(q, axis=-1)[:, -2:]
-    return q.argmax(-1), top2[:, 1] - top2[:, 0] > 1e-4
-
-
-@pytest.mark.parametrize("dueling", [False, True])
-@pytest.mark.parametrize("use_numpy", [True, False])
-def test_greedy_actor_picks_the_q_networks_argmax(dueling, use_numpy):
-    torch.manual_seed(0)
-    q_network = QNetwork(6, 5, dueling=dueling)
-    actor = GreedyActor(q_network, use_numpy=use_numpy)
-    rng = np.random.default_rng(0)
-    for rows in (1, 4, 256):
-        obs = rng.normal(size=(rows, 6)).astype(np.float32) * 3
-        expected, clear = torch_greedy(q_network, obs)
-        actions = actor(obs)
-        assert actions.dtype == np.int64 and actions.shape == (rows,)
-        np.testing.assert_array_equal(actions[clear], expected[clear])
-        assert clear.mean() > 0.9
-
-
-def test_greedy_actor_follows_parameter_updates_and_moves():
-    """Views of the live parameters: an optimizer step, a state load and a dtype move
-    (which replaces the parameters) are all seen by the next call."""
-    torch.manual_seed(1)
-    q_network, other = QNetwork(4, 3), QNetwork(4, 3)
-    actor = GreedyActor(q_network)
-    obs = np.random.default_rng(1).normal(size=(512, 4)).astype(np.float32)
-    actor(obs)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=0.5)
-    q_network(torch.from_numpy(obs)).square().mean().backward()
-    for change in (optimizer.step, lambda: q_network.load_state_dict(other.state_dict())):
-        change()
-        expected, clear = torch_greedy(q_network, obs)
-        np.testing.assert_array_equal(actor(obs)[clear], expected[clear])
-    q_network.double()
-    with torch.no_grad():
-        q_network.advantage.bias.copy_(torch.tensor([0.0, 100.0, 0.0]))
-    np.testing.assert_array_equal(actor(obs), np.ones(512, dtype=np.int64))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_greedy_actor_on_cuda_picks_the_cpu_networks_argmax():
-    torch.manual_seed(2)
-    q_network = QNetwork(4, 3)
-    obs = np.random.default_rng(2).normal(size=(64, 4)).astype(np.float32)
-    expected, clear = torch_greedy(q_network, obs)
-    actions = GreedyActor(q_network.to("cuda"))(obs)  # the torch path, on the GPU
-    np.testing.assert_array_equal(actions[clear], expected[clear])

@@ -21,7 +21,8 @@ from torch.nn import functional as F
 from rlstore.algos.common import linear_schedule
 from rlstore.config import DQNConfig
 from rlstore.envs import make_vec_env
-from rlstore.networks import GreedyActor, QNetwork, policy_spec
+from rlstore.fast import GreedyActor
+from rlstore.networks import QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
@@ -128,7 +129,7 @@ def train(
     num_actions = int(action_space.n)
     q_network = QNetwork(int(np.prod(obs_space.shape)), num_actions, dueling=cfg.dueling).to(device)
     target_network = copy.deepcopy(q_network)
-    greedy_actions = GreedyActor(q_network)
+    greedy_actions = GreedyActor(q_network.advantage_path)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     buffer = ReplayBuffer(
         cfg.buffer_size,

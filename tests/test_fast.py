@@ -1,0 +1,175 @@
+"""The fast paths of rlstore.fast, each against the plain version it stands for."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from rlstore.fast import (
+    GreedyActor,
+    LeanSyncVectorEnv,
+    SequentialRunner,
+    sample_categorical,
+    sample_gaussian,
+)
+from rlstore.networks import QNetwork, mlp
+
+
+def test_sequential_runner_is_the_sequential_bit_for_bit():
+    torch.manual_seed(0)
+    q = QNetwork(5, 3)
+    for net in (mlp(5, (64, 64), 3, out_std=1.0), nn.Sequential(*q.body, q.advantage)):
+        runner = SequentialRunner(net)
+        x = torch.randn(33, 5)
+        assert torch.equal(runner(x), net(x))
+        torch.nn.init.normal_(net[0].weight)  # in-place changes are seen
+        assert torch.equal(runner(x), net(x))
+    net.to("meta").to_empty(device="cpu")  # new parameter objects are taken up
+    torch.nn.init.normal_(net[0].weight)
+    torch.nn.init.normal_(net[2].weight)
+    assert torch.equal(runner(x), net(x))
+    with pytest.raises(ValueError, match="alternate"):
+        SequentialRunner([nn.Linear(2, 2), nn.Linear(2, 2)])
+
+
+def test_sample_categorical_follows_the_distribution_and_its_log_prob():
+    torch.manual_seed(1)
+    logits = torch.tensor([[2.0, 0.0, -1.0, 0.5]]).repeat(40_000, 1)
+    action, log_prob = sample_categorical(logits)
+    dist = Categorical(logits=logits)
+    torch.testing.assert_close(log_prob, dist.log_prob(action))
+    freq = torch.bincount(action, minlength=4).float() / len(action)
+    torch.testing.assert_close(freq, dist.probs[0], atol=0.01, rtol=0)
+
+
+def test_sample_gaussian_log_prob_is_the_normals():
+    torch.manual_seed(2)
+    mean, log_std = torch.randn(1000, 3), torch.randn(1, 3) * 0.3
+    action, log_prob = sample_gaussian(mean, log_std)
+    expected = Normal(mean, log_std.exp()).log_prob(action).sum(-1)
+    torch.testing.assert_close(log_prob, expected)
+    z = (action - mean) / log_std.exp()
+    assert abs(float(z.mean())) < 0.05 and abs(float(z.std()) - 1) < 0.05
+
+
+class InfoEnv(gym.Env):
+    """Counts steps, reports them in `info` on odd steps, terminates every 4th step."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {"reset": True}
+
+    def step(self, action):
+        self.t += 1
+        info = {"t": self.t} if self.t % 2 else {}
+        obs = np.array([self.t, action], np.float32)
+        return obs, float(action), self.t % 4 == 0, False, info
+
+
+@pytest.mark.parametrize(
+    "make_one",
+    [
+        lambda: gym.make("CartPole-v1", max_episode_steps=9),
+        lambda: gym.make("Pendulum-v1", max_episode_steps=7),  # Box actions
+        lambda: gym.make("Acrobot-v1", max_episode_steps=11),
+        InfoEnv,  # infos from steps and resets
+    ],
+)
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_lean_sync_vector_env_steps_as_gymnasiums(make_one, num_envs):
+    """The same outputs as Gymnasium's SyncVectorEnv, step by step, across resets."""
+    ours = LeanSyncVectorEnv([make_one] * num_envs)
+    theirs = gym.vector.SyncVectorEnv([make_one] * num_envs)
+    for a, b in zip(ours.reset(seed=2), theirs.reset(seed=2), strict=True):
+        np.testing.assert_equal(a, b)
+    theirs.action_space.seed(2)
+    for _ in range(60):
+        action = theirs.action_space.sample()
+        for a, b in zip(ours.step(action), theirs.step(action), strict=True):
+            np.testing.assert_equal(a, b)
+    with pytest.raises(ValueError):  # one action per env, as Gymnasium's step insists
+        ours.step(action[:-1] if num_envs > 1 else np.concatenate([action, action]))
+    ours.close()
+    theirs.close()
+
+
+def torch_greedy(q_network: QNetwork, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle: argmax of the module's forward, and which rows have no near-tie."""
+    with torch.no_grad():
+        q = q_network(torch.from_numpy(obs)).numpy()
+    top2 = np.sort(q, axis=-1)[:, -2:]
+    return q.argmax(-1), top2[:, 1] - top2[:, 0] > 1e-4
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("use_numpy", [True, False])
+def test_greedy_actor_picks_the_q_networks_argmax(dueling, use_numpy):
+    torch.manual_seed(0)
+    q_network = QNetwork(6, 5, dueling=dueling)
+    actor = GreedyActor(q_network.advantage_path, use_numpy=use_numpy)
+    rng = np.random.default_rng(0)
+    for rows in (1, 4, 256):
+        obs = rng.normal(size=(rows, 6)).astype(np.float32) * 3
+        expected, clear = torch_greedy(q_network, obs)
+        actions = actor(obs)
+        assert actions.dtype == np.int64 and actions.shape == (rows,)
+        np.testing.assert_array_equal(actions[clear], expected[clear])
+        assert clear.mean() > 0.9
+
+
+def test_greedy_actor_follows_parameter_updates_and_moves():
+    """Views of the live parameters: an optimizer step, a state load and a dtype move
+    (which replaces the parameters) are all seen by the next call."""
+    torch.manual_seed(1)
+    q_network, other = QNetwork(4, 3), QNetwork(4, 3)
+    actor = GreedyActor(q_network.advantage_path)
+    obs = np.random.default_rng(1).normal(size=(512, 4)).astype(np.float32)
+    actor(obs)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=0.5)
+    q_network(torch.from_numpy(obs)).square().mean().backward()
+    for change in (optimizer.step, lambda: q_network.load_state_dict(other.state_dict())):
+        change()
+        expected, clear = torch_greedy(q_network, obs)
+        np.testing.assert_array_equal(actor(obs)[clear], expected[clear])
+    q_network.double()
+    with torch.no_grad():
+        q_network.advantage.bias.copy_(torch.tensor([0.0, 100.0, 0.0]))
+    np.testing.assert_array_equal(actor(obs), np.ones(512, dtype=np.int64))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_greedy_actor_on_cuda_picks_the_cpu_networks_argmax():
+    torch.manual_seed(2)
+    q_network = QNetwork(4, 3)
+    obs = np.random.default_rng(2).normal(size=(64, 4)).astype(np.float32)
+    expected, clear = torch_greedy(q_network, obs)
+    actions = GreedyActor(q_network.to("cuda").advantage_path)(obs)  # the torch path, on the GPU
+    np.testing.assert_array_equal(actions[clear], expected[clear])
+
+
+def test_lean_sync_vector_env_partial_reset_as_gymnasiums():
+    """reset(options={"reset_mask": m}) resets those envs only, and their next step is a
+    real one even after a done, as in Gymnasium's SyncVectorEnv."""
+    make_one = lambda: gym.make("CartPole-v1", max_episode_steps=6)  # noqa: E731
+    ours = LeanSyncVectorEnv([make_one] * 3)
+    theirs = gym.vector.SyncVectorEnv([make_one] * 3)
+    for envs in (ours, theirs):
+        envs.reset(seed=5)
+    rng = np.random.default_rng(5)
+    for step in range(40):
+        if step % 7 == 3:
+            mask = rng.random(3) < 0.5
+            mask[rng.integers(3)] = True
+            ours_reset = ours.reset(options={"reset_mask": mask.copy()})
+            theirs_reset = theirs.reset(options={"reset_mask": mask.copy()})
+            for a, b in zip(ours_reset, theirs_reset, strict=True):
+                np.testing.assert_equal(a, b)
+        action = rng.integers(0, 2, 3)
+        for a, b in zip(ours.step(action), theirs.step(action), strict=True):
+            np.testing.assert_equal(a, b)
