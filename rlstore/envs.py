@@ -1,4 +1,4 @@
-"""Vector environments and the autoreset contract (DESIGN.md section 3).
+"""Vector environments and the autoreset contract (docs/episode-boundaries.md).
 
 rlstore uses Gymnasium's NEXT_STEP autoreset mode (the default, and the only mode the
 native vectorized envs such as CartPoleVectorEnv implement). Its consequences:

@@ -53,16 +53,21 @@ class SequentialRunner:
         kinds = [isinstance(m, nn.Linear) for m in layers]
         if kinds != [True, False] * (len(self.linears) - 1) + [True]:
             raise ValueError("layers must alternate Linear and Tanh/ReLU, ending with a Linear")
-        self._params: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # The first Linear's parameter table, read (never written): a dict lookup per call
+        # tells whether its weight was replaced, where `.weight` costs a Module.__getattr__.
+        self._first = self.linears[0]._parameters
+        self._params = [(m.weight, m.bias) for m in self.linears]
 
     def parameters(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The (weight, bias) of each Linear, as the module holds them now."""
-        if not self._params or self._params[0][0] is not self.linears[0].weight:
+        if self._params[0][0] is not self._first["weight"]:
             self._params = [(m.weight, m.bias) for m in self.linears]
         return self._params
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        params = self.parameters()
+        params = self._params
+        if params[0][0] is not self._first["weight"]:  # (parameters() inlined: a hot call)
+            params = self.parameters()
         for (weight, bias), act in zip(params, self.activations, strict=False):
             x = act(F.linear(x, weight, bias))
         weight, bias = params[-1]
@@ -100,15 +105,16 @@ class GreedyActor:
 
     def __init__(self, path: SequentialRunner, use_numpy: bool = True) -> None:
         self.path, self.use_numpy = path, use_numpy
-        self._key: list[tuple[int, int]] = []
+        self._weight: torch.Tensor | None = None  # the first weight when the views were taken
+        self._pointer = 0  # and where its data lay (`.to(dtype)` keeps the tensor, not the data)
         self._views: list[tuple[np.ndarray, np.ndarray]] = []
 
     def _numpy_views(self) -> list[tuple[np.ndarray, np.ndarray]]:
         params = self.path.parameters()
-        key = [(id(w), w.data_ptr()) for w, _ in params[:1]]
-        if key != self._key:
-            self._key = key
-            on_host = params[0][0].device.type == "cpu"
+        weight = params[0][0]
+        if weight is not self._weight or weight.data_ptr() != self._pointer:
+            self._weight, self._pointer = weight, weight.data_ptr()
+            on_host = weight.device.type == "cpu"
             self._views = (
                 [(w.detach().numpy().T, b.detach().numpy()) for w, b in params]
                 if on_host and self.use_numpy
@@ -120,8 +126,7 @@ class GreedyActor:
         views = self._numpy_views()
         if not views:
             with torch.inference_mode():
-                device = self.path.parameters()[0][0].device
-                x = torch.as_tensor(obs, device=device)
+                x = torch.as_tensor(obs, device=self._weight.device)
                 x = self.path(x.reshape(x.shape[0], -1).float())
                 return x.argmax(-1).cpu().numpy()
         x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)

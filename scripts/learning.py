@@ -15,6 +15,7 @@ import importlib
 import json
 import multiprocessing as mp
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 CHECKS = {
-    # name: (algo, env, seeds, threshold, steps, how many seeds must pass, extra flags)
+    # name: (algo, env, seeds, threshold, steps, how many seeds must pass, extra settings)
     "ppo-cartpole": ("ppo", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 3, ()),
     "ppo-acrobot": ("ppo", "Acrobot-v1", (1, 2, 3), -100.0, 500_000, 3, ()),
     "a2c-cartpole": ("a2c", "CartPole-v1", (1, 2, 3), 475.0, 500_000, 2, ()),
@@ -35,7 +36,7 @@ CHECKS = {
         475.0,
         500_000,
         1,
-        ("--n-step", "3", "--prioritized"),
+        (("n_step", 3), ("prioritized", True)),
     ),
 }
 WINDOW = 20
@@ -51,14 +52,14 @@ def first_reach(returns: list[float], steps: list[int], threshold: float) -> int
 def one_run(job: tuple[str, str, int, int, tuple[str, ...]]) -> dict:
     import torch
 
-    from rlstore.cli import parse_train
+    from rlstore.config import resolve
 
     torch.set_num_threads(1)
     algo, env_id, seed, steps, extra = job
     with tempfile.TemporaryDirectory() as logdir:
-        args = [algo, "--env", env_id, "--seed", str(seed), "--total-timesteps", str(steps)]
-        args += ["--logdir", logdir, "--no-progress", "--no-track-tensorboard", *extra]
-        _, cfg, preset = parse_train(args)
+        overrides = dict(seed=seed, total_timesteps=steps, logdir=logdir, progress=False,
+                         track_tensorboard=False, **dict(extra))  # fmt: skip
+        cfg, preset = resolve(algo, env_id, overrides)
         result = importlib.import_module(f"rlstore.algos.{algo}").train(cfg, preset)
     return {
         "algo": algo,
@@ -70,7 +71,7 @@ def one_run(job: tuple[str, str, int, int, tuple[str, ...]]) -> dict:
         "episode_returns": result.episode_returns,
         "episode_steps": result.episode_steps,
         "preset": str(preset.name) if preset else None,
-        "flags": list(extra),
+        "flags": [list(item) for item in extra],
     }
 
 
@@ -91,11 +92,15 @@ def main() -> None:
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         runs = pool.map(one_run, jobs, chunksize=1)
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "?"  # fmt: skip
     lines = [
         "# Learning checks",
         "",
-        f"`python scripts/learning.py` on {platform.machine()} with {mp.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')}; each run single-threaded, two at a time.",
+        f"`python scripts/learning.py` at commit {commit} on {platform.machine()} with "
+        f"{mp.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; each run single-threaded, "
+        f"{args.jobs} at a time. Shipped presets apply (A2C on CartPole-v1 uses "
+        "configs/a2c/CartPole-v1.toml); history is in git.",
         f"'reached at' is the first env step where the mean return of the last {WINDOW} "
         "training episodes met the threshold; 'final' is that mean at the end.",
         "",
@@ -104,7 +109,7 @@ def main() -> None:
     ]
     summary = {}
     for run in runs:
-        name = wanted[(run["algo"], run["env"], run["seed"], tuple(run["flags"]))]
+        name = wanted[(run["algo"], run["env"], run["seed"], tuple(map(tuple, run["flags"])))]
         threshold = CHECKS[name][3]
         reached = first_reach(run["episode_returns"], run["episode_steps"], threshold)
         final = float(np.mean(run["episode_returns"][-WINDOW:]))

@@ -164,6 +164,7 @@ def test_unknown_command_and_missing_algorithm(capsys):
     assert err == "rlstore: error: name an algorithm: rlstore train {ppo, a2c, dqn} --env ENV_ID\n"
 
 
+@pytest.mark.slow
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     existing = tmp_path / "runs" / "keep.txt"
     existing.parent.mkdir()

@@ -58,6 +58,7 @@ def test_continuous_actions_smoke(logdir):
     assert only_run_dir(logdir).name.startswith("Pendulum-v1__ppo__")
 
 
+@pytest.mark.slow
 def test_module_entry_point_and_env_id_alias(logdir):
     proc = subprocess.run(
         [

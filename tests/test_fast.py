@@ -27,8 +27,8 @@ def test_sequential_runner_is_the_sequential_bit_for_bit():
         torch.nn.init.normal_(net[0].weight)  # in-place changes are seen
         assert torch.equal(runner(x), net(x))
     net.to("meta").to_empty(device="cpu")  # new parameter objects are taken up
-    torch.nn.init.normal_(net[0].weight)
-    torch.nn.init.normal_(net[2].weight)
+    for p in net.parameters():  # (to_empty leaves them uninitialized)
+        torch.nn.init.normal_(p, std=0.1)
     assert torch.equal(runner(x), net(x))
     with pytest.raises(ValueError, match="alternate"):
         SequentialRunner([nn.Linear(2, 2), nn.Linear(2, 2)])

@@ -1,4 +1,5 @@
-"""The README's Python example runs as written, and .ci/run runs README's test command."""
+"""The Python examples of README.md and docs/ run as written, and .ci/run runs README's test
+command."""
 
 import re
 from pathlib import Path
@@ -23,3 +24,13 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     command = re.search(r"## Test\n\n    (.+)\n", readme).group(1)
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_docs_python_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ran = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            exec(compile(block, str(page), "exec"), {})
+            ran += 1
+    assert ran >= 1 and list(tmp_path.glob("runs/CartPole-v1__ppo__2__*/model.pt"))

@@ -1,4 +1,5 @@
-"""GAE and returns: the DESIGN.md oracle, and a naive reference on random inputs."""
+"""GAE and returns: the hand-computed oracle of docs/episode-boundaries.md, and a naive
+reference on random inputs."""
 
 import numpy as np
 import pytest

@@ -193,7 +193,7 @@ class ReplayBuffer:
         self.max_priority = 1.0
         self.tree = SumTree(R * N) if prioritized else None
         self.generator = np.random.default_rng(seed)
-        # The previous add's next_obs as (dtype, bytes): comparing bytes is ~15x faster than
+        # The previous add's next_obs as (dtype, bytes): comparing bytes is much faster than
         # np.array_equal at these sizes. None: unknown (fresh, or just loaded).
         self._last_next_obs: tuple[np.dtype, bytes] | None = None
         self._last_done = np.zeros(num_envs, dtype=bool)

@@ -1,0 +1,100 @@
+"""What each fast path of rlstore.fast buys: each timed against the plain version it stands
+for, in one process, on the shapes of the default runs. Prints a markdown table (the one in
+docs/fast-paths.md).
+
+    python scripts/fast_paths.py
+
+Median of 7 repeats of N calls each, one torch thread (rlstore's default).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.distributions import Categorical
+
+from rlstore.fast import GreedyActor, LeanSyncVectorEnv, sample_categorical
+from rlstore.networks import ActorCritic, QNetwork
+
+
+def per_call_us(fn: Callable[[], object], n: int = 2000) -> float:
+    for _ in range(200):
+        fn()
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(times)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rows = []
+
+    agent = ActorCritic(4, 2)
+    obs4 = torch.randn(4, 4)
+    with torch.inference_mode():
+        fast = per_call_us(lambda: (agent.actor_path(obs4), agent.critic_path(obs4)))
+        plain = per_call_us(lambda: (agent.actor(obs4), agent.critic(obs4)))
+    rows.append(("SequentialRunner: actor + critic forward, 4 x 4 obs", plain, fast))
+
+    logits = torch.randn(4, 2)
+    with torch.inference_mode():
+        fast = per_call_us(lambda: sample_categorical(logits))
+
+        def plain_sample():
+            dist = Categorical(logits=logits)
+            action = dist.sample()
+            return action, dist.log_prob(action)
+
+        plain = per_call_us(plain_sample)
+    rows.append(("sample_categorical: 4 actions and log-probs", plain, fast))
+
+    q_network = QNetwork(4, 2)
+    greedy = GreedyActor(q_network.advantage_path)
+    obs1 = np.random.default_rng(0).normal(size=(1, 4)).astype(np.float32)
+
+    def torch_argmax():
+        with torch.inference_mode():
+            return q_network(torch.from_numpy(obs1)).argmax(-1).numpy()
+
+    rows.append(("GreedyActor: DQN's argmax Q, 1 host obs", per_call_us(torch_argmax),
+                 per_call_us(lambda: greedy(obs1))))  # fmt: skip
+
+    for num_envs in (1, 4):
+        env_fns = [lambda: gym.make("CartPole-v1")] * num_envs
+        lean, sync = LeanSyncVectorEnv(env_fns), gym.vector.SyncVectorEnv(env_fns)
+        lean.reset(seed=0)
+        sync.reset(seed=0)
+        action = np.zeros(num_envs, dtype=np.int64)
+        rows.append((f"LeanSyncVectorEnv: one step of {num_envs} CartPole env(s)",
+                     per_call_us(lambda: sync.step(action)),  # noqa: B023
+                     per_call_us(lambda: lean.step(action))))  # noqa: B023  # fmt: skip
+    native = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point")
+    native.reset(seed=0)
+    native_us = per_call_us(lambda: native.step(np.zeros(4, dtype=np.int64)))
+
+    a, b = torch.full((64, 64), 1e-39), torch.full((64, 64), 0.5)
+    slow = per_call_us(lambda: a * b + a, n=500)
+    torch.set_flush_denormal(True)
+    fast = per_call_us(lambda: a * b + a, n=500)
+    torch.set_flush_denormal(False)
+    rows.append(("flush_denormals: 64 x 64 multiply-add on denormal floats", slow, fast))
+
+    print("| fast path: what is timed | plain, us | fast, us | speed-up |")
+    print("|---|---|---|---|")
+    for name, plain, fast in rows:
+        print(f"| {name} | {plain:.1f} | {fast:.1f} | x{plain / fast:.1f} |")
+    print(f"\nGymnasium's native CartPoleVectorEnv, one step of 4 envs: {native_us:.1f} us.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Small training runs that the checkpoint and evaluation tests share."""
+
+import dataclasses
+
+import torch
+
+from rlstore.algos import a2c, dqn, ppo
+from rlstore.config import A2CConfig, DQNConfig, PPOConfig
+
+COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
+SETUPS = {
+    "ppo": (ppo, PPOConfig(total_timesteps=8 * 256, num_steps=64, checkpoint_every=768, **COMMON)),
+    "a2c": (a2c, A2CConfig(total_timesteps=3000, checkpoint_every=1000, **COMMON)),
+    "dqn": (dqn, DQNConfig(total_timesteps=2500, learning_starts=400, buffer_size=500,
+                           batch_size=32, target_network_frequency=200, n_step=3,
+                           prioritized=True, num_envs=2, checkpoint_every=1000, **COMMON)),
+}  # fmt: skip
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same_params(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def replace(cfg, **changes):
+    return dataclasses.replace(cfg, **changes)
