@@ -63,32 +63,18 @@ def child_rlstore(
     import torch
 
     torch.set_num_threads(1)
-    from rlstore.cli import parse_train
+    from rlstore.config import resolve
 
     with tempfile.TemporaryDirectory() as logdir:
-        flags = [
-            algo,
-            "--env",
-            "CartPole-v1",
-            "--seed",
-            str(seed),
-            "--total-timesteps",
-            str(steps),
-            "--logdir",
-            logdir,
-            "--no-progress",
-            "--device",
-            device,
-            "--checkpoint-every",
-            "0",
-        ]
+        overrides = dict(seed=seed, total_timesteps=steps, logdir=logdir, progress=False,
+                         device=device, checkpoint_every=0)  # fmt: skip
         if algo == "ppo" and ppo_envs != 4:
-            flags += ["--num-envs", str(ppo_envs)]
+            overrides["num_envs"] = ppo_envs
         if config:
-            flags += ["--config", config]
+            overrides["config"] = config
         elif algo == "dqn":
-            flags += ["--loss", "huber"]
-        _, cfg, preset = parse_train(flags)
+            overrides["loss"] = "huber"
+        cfg, preset = resolve(algo, "CartPole-v1", overrides)
         module = __import__(f"rlstore.algos.{algo}", fromlist=["train"])
         result = module.train(cfg, preset)
     reach = first_reach(result.episode_returns, result.episode_times)
