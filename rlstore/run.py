@@ -204,7 +204,8 @@ class TrainingState:
         name = self.envs.spec.id if self.envs.spec else "this env"
         print(f"rlstore: {name} cannot be saved; resuming with freshly reset envs", file=sys.stderr)
         obs, _ = self.envs.reset(seed=seed)
-        self.obs = obs if self.obs is not None else None
+        if self.obs is not None:
+            self.obs = obs
         if self.on_fresh_envs is not None:
             self.on_fresh_envs(obs)
         return False
