@@ -13,7 +13,8 @@ A checkpoint (`checkpoints/step_<global step>.pt`) holds everything a resumed ru
     algorithm       the algorithm's own state (rlstore.run.TrainingState.state_dict)
 
 The final policy (`model.pt`) holds format POLICY_FORMAT, algo, env_id, global_step, the
-config, the policy network's state_dict and its spec. `read_policy` reads either file.
+config, the policy network's state_dict, its spec and its observation normalizer's
+statistics (None without one). `read_policy` reads either file.
 
 Both are dicts of tensors and plain values written with torch.save and read with
 torch.load(weights_only=True): loading executes no code. numpy arrays are stored as
@@ -121,7 +122,8 @@ def read_newest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | Non
 
 
 def write_policy(path: Path, **fields: Any) -> None:
-    """Write model.pt: algo, env_id, global_step, config, state_dict, policy (the spec)."""
+    """Write model.pt: algo, env_id, global_step, config, state_dict, policy (the spec),
+    obs_normalizer."""
     atomic_save({"format": POLICY_FORMAT, **fields}, path)
 
 
@@ -141,6 +143,7 @@ def read_policy(path: Path) -> dict[str, Any]:
         "config": json.loads(config.read_text()) if config.is_file() else {},
         "state_dict": record["algorithm"]["model"],
         "policy": record["policy"],
+        "obs_normalizer": record["algorithm"].get("obs_normalizer"),
     }
 
 

@@ -123,6 +123,15 @@ class OnPolicyConfig(CommonConfig):
     """Value loss coefficient."""
     max_grad_norm: Positive = 0.5
     """Gradient norm clipping threshold."""
+    norm_obs: bool = False
+    """Normalize observations by their running mean and std, clipped to +-clip_obs (the
+    statistics are saved with the policy and frozen when it is evaluated)."""
+    norm_reward: bool = False
+    """Scale rewards by the running std of the discounted return, clipped to +-clip_reward."""
+    clip_obs: Positive = 10.0
+    """Clip normalized observations to this magnitude."""
+    clip_reward: Positive = 10.0
+    """Clip scaled rewards to this magnitude."""
 
     @property
     def rollout_size(self) -> int:

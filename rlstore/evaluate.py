@@ -14,12 +14,15 @@ import torch
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.errors import UsageError
 from rlstore.networks import QNetwork, build_policy
+from rlstore.normalize import ObsNormalizer
 
 
 class Policy:
     """A trained policy: maps observations (one, or a batch) to actions as numpy arrays.
 
     `value(obs)` gives the critic's V (PPO, A2C) and `q_values(obs)` the Q-values (DQN).
+    Observations are given as the env returns them: a policy trained with normalized
+    observations normalizes them with its saved statistics, which stay frozen here.
     """
 
     def __init__(self, network: torch.nn.Module, info: dict[str, Any], record: dict[str, Any]):
@@ -28,6 +31,8 @@ class Policy:
         self.config = record.get("config", {})
         self.global_step = record.get("global_step", 0)
         self.obs_shape = tuple(info["obs_shape"])
+        saved = record.get("obs_normalizer")
+        self.obs_normalizer = ObsNormalizer.from_state_dict(saved) if saved else None
 
     @property
     def greedy(self) -> bool:
@@ -37,7 +42,10 @@ class Policy:
     def _batch(self, obs: np.ndarray) -> tuple[torch.Tensor, bool]:
         obs = np.asarray(obs)
         single = obs.shape == self.obs_shape
-        return torch.as_tensor(obs[None] if single else obs), single
+        batch = obs[None] if single else obs
+        if self.obs_normalizer is not None:
+            batch = self.obs_normalizer(batch)  # frozen: update=False
+        return torch.as_tensor(batch), single
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ from rlstore.config import CommonConfig, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.fast import flush_denormals
+from rlstore.normalize import ObsNormalizer
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -169,8 +170,10 @@ class TrainingState:
     envs: the vector env; policy: the network that model.pt keeps, described by
     policy_spec (rlstore.networks.policy_spec); obs: the host observation the next action
     is taken at, for loops that keep it here (DQN's; PPO and A2C keep theirs in the
-    RolloutStorage, whose `reset` is then `on_fresh_envs`); parts: everything else with
-    state_dict() / load_state_dict() (optimizer, storage, target network), by name.
+    RolloutStorage, and `on_fresh_envs` starts it from freshly reset envs);
+    obs_normalizer: the policy's observation statistics, if any (model.pt keeps them too);
+    parts: everything else with state_dict() / load_state_dict() (optimizer, storage,
+    target network, reward scaler), by name.
     """
 
     def __init__(
@@ -180,10 +183,12 @@ class TrainingState:
         policy_spec: dict[str, Any],
         obs: np.ndarray | None = None,
         on_fresh_envs: Callable[[np.ndarray], None] | None = None,
+        obs_normalizer: ObsNormalizer | None = None,
         **parts: Any,
     ) -> None:
         self.envs, self.policy, self.policy_spec = envs, policy, policy_spec
-        self.obs, self.on_fresh_envs, self.parts = obs, on_fresh_envs, parts
+        self.obs, self.on_fresh_envs, self.obs_normalizer = obs, on_fresh_envs, obs_normalizer
+        self.parts = parts | ({"obs_normalizer": obs_normalizer} if obs_normalizer else {})
 
     def state_dict(self) -> dict[str, Any]:
         state = {"model": self.policy.state_dict(), "envs": env_state(self.envs)}
@@ -448,6 +453,7 @@ class Run:
     def finish(self) -> TrainResult:
         """Write the final checkpoint and model file, close, and print the one-line summary."""
         self.save_checkpoint()
+        normalizer = self.state.obs_normalizer
         write_policy(
             self.dir / "model.pt",
             algo=self.algo,
@@ -456,6 +462,7 @@ class Run:
             config=dataclasses.asdict(self.cfg),
             state_dict=self.state.policy.state_dict(),
             policy=self.state.policy_spec,
+            obs_normalizer=normalizer.state_dict() if normalizer else None,
         )
         seconds = time.perf_counter() - self.start_time
         self.close()

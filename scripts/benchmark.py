@@ -195,12 +195,12 @@ def child_floor(device_name: str, num_envs: int) -> dict:
         run = Run(cfg, "ppo")
         agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
         for _ in range(3):
-            collect_rollout(agent, storage, state.envs, run)
+            collect_rollout(agent, storage, state, run)
             storage.after_update()
         start = time.perf_counter()
         rollouts = 40
         for _ in range(rollouts):
-            collect_rollout(agent, storage, state.envs, run)
+            collect_rollout(agent, storage, state, run)
             storage.after_update()
         collect_s = (time.perf_counter() - start) / (rollouts * cfg.num_steps)
         state.envs.close()

@@ -85,7 +85,7 @@ def ppo_iteration(device, watch, tmp_path, monkeypatch):
     optimizer = optimizer_for(agent, device, monkeypatch)
     try:
         with watch:
-            collect_rollout(agent, storage, state.envs, run)
+            collect_rollout(agent, storage, state, run)
             compute_returns(agent, storage, cfg)
             ppo_update(agent, optimizer, storage, cfg)
             storage.after_update()

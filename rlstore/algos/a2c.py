@@ -70,7 +70,7 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
                 optimizer.param_groups[0]["lr"] = lr
 
             # -- collect and compute returns ----------------------------------------------
-            collect_rollout(agent, storage, state.envs, run)
+            collect_rollout(agent, storage, state, run)
             compute_returns(agent, storage, cfg)
 
             # -- update: one gradient step on the whole rollout ----------------------------

@@ -9,6 +9,7 @@ from gymnasium import spaces
 from rlstore.config import OnPolicyConfig
 from rlstore.envs import make_vec_env
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
+from rlstore.normalize import ObsNormalizer, RewardScaler
 from rlstore.run import Run, TrainingState
 from rlstore.storage import RolloutStorage
 
@@ -29,33 +30,45 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.T
 def build_actor_critic(
     cfg: OnPolicyConfig, algo: str, device: torch.device
 ) -> tuple[ActorCritic, RolloutStorage, TrainingState]:
-    """Envs, actor-critic and rollout storage for PPO and A2C, and their TrainingState
-    (the optimizer joins it as a part)."""
+    """Envs, actor-critic, rollout storage and (as configured) the observation normalizer
+    and reward scaler for PPO and A2C, in their TrainingState (the optimizer joins it)."""
     envs = make_vec_env(
         cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps, algo
     )
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = actor_critic_for(obs_space, action_space).to(device)
+    obs_norm = ObsNormalizer(obs_space.shape, cfg.clip_obs) if cfg.norm_obs else None
+    reward_scale = (
+        RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
+    )
     storage = RolloutStorage(
         cfg.num_steps,
         cfg.num_envs,
         obs_space.shape,
         action_space.shape,
-        obs_dtype=obs_space.dtype,
+        obs_dtype=np.float32 if obs_norm else obs_space.dtype,
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
     )
+
+    def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
+        storage.reset(obs_norm(obs, update=True) if obs_norm else obs)
+
     obs, _ = envs.reset(seed=cfg.seed)
-    storage.reset(obs)
+    start(obs)
     spec = policy_spec(agent, obs_space, action_space)
-    state = TrainingState(envs, agent, spec, on_fresh_envs=storage.reset, storage=storage)
+    parts = {"storage": storage} | ({"reward_scaler": reward_scale} if reward_scale else {})
+    state = TrainingState(envs, agent, spec, on_fresh_envs=start, obs_normalizer=obs_norm,
+                          **parts)  # fmt: skip
     return agent, storage, state
 
 
-def collect_rollout(
-    agent: ActorCritic, storage: RolloutStorage, envs, run: Run
-) -> None:  # envs: a gymnasium VectorEnv
-    """Fill the storage with one rollout, acting with the current policy."""
+def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: TrainingState, run: Run):
+    """Fill the storage with one rollout, acting with the current policy. With
+    normalization on, the storage gets normalized observations and scaled rewards, and the
+    run's episode statistics the env's own rewards."""
+    envs, obs_norm = state.envs, state.obs_normalizer
+    reward_scale = state.parts.get("reward_scaler")
     space = envs.single_action_space
     for _ in range(storage.num_steps):
         with torch.inference_mode():
@@ -64,7 +77,9 @@ def collect_rollout(
         if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
             env_action = np.clip(env_action, space.low, space.high)
         next_obs, reward, terminated, truncated, _ = envs.step(env_action)
-        storage.insert(next_obs, action, log_prob, value, reward, terminated, truncated)
+        stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
+        stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
+        storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated)
         run.record_step(reward, terminated, truncated)
 
 

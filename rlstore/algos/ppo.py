@@ -105,7 +105,7 @@ def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None
                 optimizer.param_groups[0]["lr"] = lr
 
             # -- collect and compute returns ----------------------------------------------
-            collect_rollout(agent, storage, state.envs, run)
+            collect_rollout(agent, storage, state, run)
             compute_returns(agent, storage, cfg)
 
             # -- update: epochs of minibatches ------------------------------------------
