@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -230,6 +231,8 @@ class DQNConfig(CommonConfig):
     """Double DQN: the online network picks the next action, the target network values it."""
     dueling: bool = False
     """Dueling head: Q = V + A - mean(A)."""
+    q_hidden: tuple[int, ...] = (120, 84)
+    """Widths of the Q-network's hidden ReLU layers."""
     n_step: Count = 1
     """n-step returns (1 is the classic one-step target)."""
     prioritized: bool = False
@@ -252,10 +255,28 @@ if not PRESET_DIR.is_dir():  # a source checkout: configs/ at the repository top
     PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+# Env families whose published defaults ship as configs/{algo}/{family}.toml and apply to
+# every env of the family that has no preset of its own.
+FAMILIES = {
+    "mujoco": re.compile(
+        r"^(Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|InvertedDoublePendulum"
+        r"|InvertedPendulum|Pusher|Reacher|Swimmer|Walker2d)-v\d+$"
+    ),
+}
+
+
 def preset_path(algo: str, env_id: str) -> Path:
-    """configs/{algo}/{env id}.toml (a '/' or ':' in the id becomes '_')."""
-    safe = env_id.replace("/", "_").replace(":", "_")
-    return PRESET_DIR / algo / f"{safe}.toml"
+    """configs/{algo}/{env id}.toml (a '/' or ':' in the id becomes '_'), else the preset of
+    the env's family (configs/ppo/mujoco.toml for HalfCheetah-v4), when there is one."""
+    own = PRESET_DIR / algo / f"{_file_name(env_id)}.toml"
+    family = next((name for name, ids in FAMILIES.items() if ids.match(env_id)), None)
+    if own.is_file() or family is None:
+        return own
+    return PRESET_DIR / algo / f"{family}.toml"
+
+
+def _file_name(env_id: str) -> str:
+    return env_id.replace("/", "_").replace(":", "_")
 
 
 def _strip_annotated(tp: Any) -> Any:
@@ -275,6 +296,9 @@ def _type_ok(value: Any, tp: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:  # tuple[int, ...]; TOML and JSON give lists
+        item = typing.get_args(tp)[0]
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, item) for v in value)
     return isinstance(value, tp)
 
 
@@ -297,6 +321,8 @@ def apply_overrides(cfg: CommonConfig, overrides: dict[str, Any], source: str) -
             )
         if _strip_annotated(hints[name]) is float and isinstance(value, int):
             value = float(value)
+        if isinstance(value, list):
+            value = tuple(value)
         changes[name] = value
     return dataclasses.replace(cfg, **changes)
 
@@ -358,7 +384,7 @@ def find_config_file(value: str, algo: str, env_id: str) -> Path:
     path = Path(value)
     if path.is_file() or "/" in value or path.suffix in (".toml", ".json"):
         return path  # read_config says so if it does not exist
-    stem = preset_path(algo, env_id).stem
+    stem = _file_name(env_id)
     named = PRESET_DIR / algo / f"{stem}.{value}.toml"
     if named.is_file():
         return named
@@ -399,6 +425,8 @@ def validate(cfg: CommonConfig) -> None:
                 f"--batch-size {cfg.batch_size} must lie in [1, --buffer-size "
                 f"{cfg.buffer_size}]; lower the batch size or enlarge the buffer"
             )
+        if not cfg.q_hidden or min(cfg.q_hidden) < 1:
+            raise UsageError(f"--q-hidden needs one or more layer widths >= 1 (got {cfg.q_hidden})")
         if cfg.learning_starts > cfg.total_timesteps:
             raise UsageError(
                 f"--learning-starts {cfg.learning_starts} is larger than --total-timesteps "

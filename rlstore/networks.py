@@ -129,7 +129,7 @@ class QNetwork(nn.Module):
             layers += [nn.Linear(in_dim, width), nn.ReLU()]
             in_dim = width
         self.body = nn.Sequential(*layers)
-        self.dueling = dueling
+        self.hidden, self.dueling = tuple(hidden), dueling
         self.advantage = nn.Linear(in_dim, num_actions)
         if dueling:
             self.value = nn.Linear(in_dim, 1)
@@ -150,7 +150,7 @@ def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasi
     spec = {"obs_shape": list(obs_space.shape)}
     if isinstance(network, QNetwork):
         return {"network": "q_network", **spec, "action_dim": int(action_space.n),
-                "dueling": network.dueling}  # fmt: skip
+                "dueling": network.dueling, "hidden": list(network.hidden)}  # fmt: skip
     if not network.continuous:
         return {"network": "actor_critic", **spec, "action_dim": int(action_space.n),
                 "continuous": False}  # fmt: skip
@@ -163,5 +163,6 @@ def build_policy(spec: dict) -> nn.Module:
     """The network a policy spec describes, with fresh parameters."""
     obs_dim = int(np.prod(spec["obs_shape"]))
     if spec["network"] == "q_network":
-        return QNetwork(obs_dim, spec["action_dim"], dueling=spec["dueling"])
+        hidden = tuple(spec.get("hidden", (120, 84)))  # (older model files: the default)
+        return QNetwork(obs_dim, spec["action_dim"], hidden, dueling=spec["dueling"])
     return ActorCritic(obs_dim, spec["action_dim"], continuous=spec["continuous"])

@@ -44,6 +44,8 @@ def run_main(args, logdir, capsys):
         (["--env", "CartPole-v1", "ppo"], "name the algorithm first"),
         (["ppo", "--config", "fastest"], "--config 'fastest' is neither a file nor a packaged"),
         (["ppo", "--env", "FrozenLake-v1"], "FrozenLake-v1 has observation space Discrete(16)"),
+        (["dqn", "--norm-obs"], "Unrecognized options: --norm-obs"),
+        (["dqn", "--q-hidden", "0"], "--q-hidden needs one or more layer widths >= 1"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, message, logdir, capsys):
@@ -188,3 +190,52 @@ def test_console_script_exit_status_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert existing.read_text() == "precious" and len(list(existing.parent.iterdir())) == 1
+
+
+def test_the_missing_extra_is_named_even_where_it_is_installed(monkeypatch, logdir, capsys):
+    """CI installs Box2D and MuJoCo: stand in for a machine without them."""
+    import importlib
+
+    import gymnasium as gym
+
+    import rlstore.envs
+
+    real = importlib.import_module
+
+    def without_extras(name, *args):
+        if name.startswith(("gymnasium.envs.box2d", "gymnasium.envs.mujoco")):
+            raise gym.error.DependencyNotInstalled(f"{name} needs something")
+        return real(name, *args)
+
+    monkeypatch.setattr(rlstore.envs.importlib, "import_module", without_extras)
+    for env_id, extra in [("LunarLander-v3", "box2d"), ("HalfCheetah-v5", "mujoco")]:
+        code, err = run_main(["ppo", "--env", env_id], logdir, capsys)
+        assert code == 2 and err.count("\n") == 1
+        assert f'pip install "rlstore[{extra}]"' in err
+    assert not Path(logdir).exists()
+
+
+def test_unbounded_actions_are_sent_unclipped_and_said_so(logdir, capsys):
+    import gymnasium as gym
+    import numpy as np
+
+    class Unbounded(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, np.float32), -float(np.square(action).sum()), False, False, {}
+
+    gym.register("rlstore-test/Unbounded-v0", entry_point=Unbounded, max_episode_steps=20)
+    args = ["train", "ppo", "--env", "rlstore-test/Unbounded-v0", "--num-steps", "32",
+            "--total-timesteps", "128", "--logdir", logdir, "--no-progress"]  # fmt: skip
+    try:
+        assert main(args) == 0
+    finally:
+        del gym.registry["rlstore-test/Unbounded-v0"]
+    out = capsys.readouterr().out
+    assert "has unbounded actions" in out and "go to the env unclipped" in out

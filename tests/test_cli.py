@@ -1,10 +1,12 @@
 """The command line: smoke runs, TensorBoard scalars, presets and their precedence."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -131,7 +133,8 @@ def test_shipped_presets_are_valid():
             config.CONFIG_CLASSES[algo](), config.read_config(path, "preset"), str(path)
         )
         config.validate(cfg)  # raises UsageError for an invalid preset
-        assert path.name.startswith(cfg.env_id + ".") or path.stem == cfg.env_id
+        env_id = re.match(r"^(.*?-v\d+)", path.name)  # Env-vN.toml or Env-vN.NAME.toml
+        assert path.stem in config.FAMILIES or env_id.group(1) in gym.registry, path
 
 
 def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatch, capsys):
@@ -204,3 +207,27 @@ def test_progress_counts_only_this_process_steps(monkeypatch, capsys):
     progress = run.Progress(200_000, "ppo CartPole-v1", start_step=100_000)
     progress.update(150_000, 500.0, force=True)  # 50,000 steps in 10 s of this process
     assert " 5,000 steps/s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v4", "Hopper-v5", "Walker2d-v4", "Ant-v5"])
+def test_mujoco_ids_get_the_published_continuous_control_defaults(env_id):
+    cfg, preset = config.resolve("ppo", env_id)
+    assert preset == config.PRESET_DIR / "ppo" / "mujoco.toml"
+    expected = dict(num_envs=1, num_steps=2048, learning_rate=3e-4, anneal_lr=True,
+                    update_epochs=10, num_minibatches=32, gamma=0.99, gae_lambda=0.95,
+                    clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5,
+                    max_grad_norm=0.5, norm_adv=True, norm_obs=True, norm_reward=True,
+                    total_timesteps=1_000_000)  # fmt: skip
+    assert {k: getattr(cfg, k) for k in expected} == expected
+    cfg, preset = config.resolve("ppo", env_id, {"norm_reward": False})  # flags still win
+    assert not cfg.norm_reward and cfg.norm_obs
+    assert config.resolve("a2c", env_id)[1] is None  # the family preset is PPO's
+
+
+def test_box2d_presets_name_their_source():
+    for name in ("ppo/LunarLander-v3", "a2c/LunarLander-v3", "dqn/LunarLander-v3",
+                 "ppo/BipedalWalker-v3", "ppo/Pendulum-v1"):  # fmt: skip
+        text = (config.PRESET_DIR / f"{name}.toml").read_text()
+        assert "RL Baselines3 Zoo" in text and "hyperparams/" in text
+    cfg, _ = config.resolve("dqn", "LunarLander-v3")
+    assert cfg.q_hidden == (256, 256) and cfg.loss == "huber"

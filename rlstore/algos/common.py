@@ -37,6 +37,11 @@ def build_actor_critic(
     )
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = actor_critic_for(obs_space, action_space).to(device)
+    if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():
+        print(
+            f"rlstore: {cfg.env_id} has unbounded actions ({action_space}): where a bound is "
+            "infinite, the Gaussian policy's samples go to the env unclipped"
+        )
     obs_norm = ObsNormalizer(obs_space.shape, cfg.clip_obs) if cfg.norm_obs else None
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None

@@ -127,7 +127,8 @@ def train(
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
-    q_network = QNetwork(int(np.prod(obs_space.shape)), num_actions, dueling=cfg.dueling).to(device)
+    obs_dim = int(np.prod(obs_space.shape))
+    q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling).to(device)
     target_network = copy.deepcopy(q_network)
     greedy_actions = GreedyActor(q_network.advantage_path)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
