@@ -1,10 +1,13 @@
-"""rlstore against stable-baselines3, side by side in one command, on CartPole-v1.
+"""rlstore against stable-baselines3, side by side in one command, on CartPole-v1 (or, for
+PPO, a MuJoCo env at the continuous-control defaults).
 
     pip install -e ".[bench]"
     python scripts/benchmark.py                        # PPO and DQN, seeds 1-3
     python scripts/benchmark.py --algos ppo --seeds 1 --ppo-steps 100000
     python scripts/benchmark.py --algos ppo --device cuda --ppo-envs 1024 --ppo-steps 2000000
     python scripts/benchmark.py --parallel 1 2 3        # K copies of one command at once
+    python scripts/benchmark.py --algos ppo --env HalfCheetah-v4 --ppo-steps 100000 \
+        --out docs/benchmark-halfcheetah                 # PPO's MuJoCo defaults
 
 Each run is its own process (so imports and start-up count), runs alternate between the
 two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
@@ -19,6 +22,11 @@ same time, for each K, and reports the aggregate env steps/s (the sum of the cop
 steps/s) and the wall time. Runs sharing the cores must not collapse: the aggregate at K = 3
 on 2 cores should be at least the K = 1 figure. Writes docs/parallel-latest.md and .json
 (docs/parallel.md holds the before/after figures).
+
+--env HalfCheetah-v4 (PPO only): rlstore at the defaults it applies to MuJoCo ids (1 env x
+2048 steps, 10 epochs x 32 minibatches, lr 3e-4 annealed, observation and reward
+normalization), SB3's PPO at the same settings with VecNormalize (its value clipping at
+0.2, as rlstore's); the floor is one env step plus the policy forward.
 
 Hyperparameters match: PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
 minibatches, lr 2.5e-4 annealed, clip 0.2 with value clipping, 64-64 tanh actor and critic,
@@ -56,7 +64,14 @@ def first_reach(returns: list[float], times: list[float]) -> float | None:
 
 
 def child_rlstore(
-    algo: str, seed: int, steps: int, launch: float, device: str, ppo_envs: int, config: str
+    algo: str,
+    seed: int,
+    steps: int,
+    launch: float,
+    device: str,
+    ppo_envs: int,
+    config: str,
+    env: str = "CartPole-v1",
 ) -> dict:
     import tempfile
 
@@ -68,20 +83,28 @@ def child_rlstore(
     with tempfile.TemporaryDirectory() as logdir:
         overrides = dict(seed=seed, total_timesteps=steps, logdir=logdir, progress=False,
                          device=device, checkpoint_every=0)  # fmt: skip
-        if algo == "ppo" and ppo_envs != 4:
+        if algo == "ppo" and ppo_envs != 4 and env == "CartPole-v1":
             overrides["num_envs"] = ppo_envs
         if config:
             overrides["config"] = config
         elif algo == "dqn":
             overrides["loss"] = "huber"
-        cfg, preset = resolve(algo, "CartPole-v1", overrides)
+        cfg, preset = resolve(algo, env, overrides)
         module = __import__(f"rlstore.algos.{algo}", fromlist=["train"])
         result = module.train(cfg, preset)
     reach = first_reach(result.episode_returns, result.episode_times)
     return {"sps": result.sps, "to_475_s": None if reach is None else reach - launch}
 
 
-def child_sb3(algo: str, seed: int, steps: int, launch: float, device: str, ppo_envs: int) -> dict:
+def child_sb3(
+    algo: str,
+    seed: int,
+    steps: int,
+    launch: float,
+    device: str,
+    ppo_envs: int,
+    env: str = "CartPole-v1",
+) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -102,7 +125,28 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float, device: str, ppo_
             return True
 
     watch = Watch()
-    if algo == "ppo":
+    if env != "CartPole-v1":  # PPO's MuJoCo defaults, as rlstore's configs/ppo/mujoco.toml
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        envs = VecNormalize(make_vec_env(env, n_envs=1, seed=seed), gamma=0.99)
+        model = PPO(
+            "MlpPolicy",
+            envs,
+            n_steps=2048,
+            batch_size=64,  # 32 minibatches
+            n_epochs=10,
+            learning_rate=lambda f: 3e-4 * f,
+            gamma=0.99,
+            gae_lambda=0.95,
+            clip_range=0.2,
+            clip_range_vf=0.2,
+            ent_coef=0.0,
+            vf_coef=0.5,
+            max_grad_norm=0.5,
+            seed=seed,
+            device=device,
+        )
+    elif algo == "ppo":
         envs = make_vec_env("CartPole-v1", n_envs=ppo_envs, seed=seed)
         model = PPO(
             "MlpPolicy",
@@ -150,16 +194,13 @@ def child_sb3(algo: str, seed: int, steps: int, launch: float, device: str, ppo_
     return {"sps": steps / seconds, "to_475_s": None if reach is None else reach - launch}
 
 
-def child_floor(device_name: str, num_envs: int) -> dict:
+def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> dict:
     """The PPO batch shape's floor: a raw env step (the vector env the run uses) and a
     policy forward."""
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
-    from rlstore.config import PPOConfig
     from rlstore.envs import make_vec_env
-    from rlstore.networks import ActorCritic
     from rlstore.run import Run
 
     def per_call(fn, n=5000):
@@ -170,35 +211,35 @@ def child_floor(device_name: str, num_envs: int) -> dict:
             fn()
         return (time.perf_counter() - start) / n
 
+    from rlstore.config import resolve
+    from rlstore.networks import actor_critic_for
+
     device = torch.device(device_name)
-    envs = make_vec_env("CartPole-v1", num_envs, seed=0)
+    num_envs = num_envs if env == "CartPole-v1" else resolve("ppo", env)[0].num_envs
+    envs = make_vec_env(env, num_envs, seed=0)
     envs.reset(seed=0)
-    action = np.zeros(num_envs, np.int64)
-    env_s = per_call(lambda: envs.step(action))
-    net = ActorCritic(4, 2).to(device)
-    obs = torch.zeros(num_envs, 4, device=device)
+    action = envs.action_space.sample() * 0
+    env_s = per_call(lambda: envs.step(action), n=2000)
+    net = actor_critic_for(envs.single_observation_space, envs.single_action_space).to(device)
+    obs = torch.zeros(num_envs, *envs.single_observation_space.shape, device=device)
     with torch.inference_mode():  # the forward ends at the env boundary: actions on the host
-        forward_s = per_call(lambda: (net.actor(obs).argmax(-1).cpu(), net.critic(obs)))
+        forward_s = per_call(lambda: (net.actor(obs).cpu(), net.critic(obs)), n=2000)
     # rlstore's collect loop alone, on the same shape
     import tempfile
 
     from rlstore.algos.common import build_actor_critic, collect_rollout
 
     with tempfile.TemporaryDirectory() as logdir:
-        cfg = PPOConfig(
-            logdir=logdir,
-            num_envs=num_envs,
-            device=device_name,
-            progress=False,
-            track_tensorboard=False,
-        )
+        overrides = dict(logdir=logdir, device=device_name, progress=False,
+                         track_tensorboard=False, num_envs=num_envs)  # fmt: skip
+        cfg = resolve("ppo", env, overrides)[0]
         run = Run(cfg, "ppo")
         agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
         for _ in range(3):
             collect_rollout(agent, storage, state, run)
             storage.after_update()
         start = time.perf_counter()
-        rollouts = 40
+        rollouts = max(2, 40 * 512 // cfg.rollout_size)
         for _ in range(rollouts):
             collect_rollout(agent, storage, state, run)
             storage.after_update()
@@ -206,6 +247,7 @@ def child_floor(device_name: str, num_envs: int) -> dict:
         state.envs.close()
     return {
         "env": type(envs).__name__,
+        "num_envs": num_envs,
         "env_step_us": env_s * 1e6,
         "forward_us": forward_s * 1e6,
         "collect_step_us": collect_s * 1e6,
@@ -359,6 +401,7 @@ def main() -> None:
         help="run rlstore's ALGO with --config FILE (e.g. a fast preset)",
     )
     parser.add_argument("--no-sb3", action="store_true", help="rlstore runs only")
+    parser.add_argument("--env", default="CartPole-v1", help="for PPO: e.g. HalfCheetah-v4")
     parser.add_argument("--device", default="cpu", help="cpu or cuda, for both trainers")
     parser.add_argument(
         "--ppo-envs", type=int, default=4, help="PPO envs (a large native batch: e.g. 1024)"
@@ -385,6 +428,7 @@ def main() -> None:
                     launch=time.time(),
                     device=args.device,
                     ppo_envs=args.ppo_envs,
+                    env=args.env,
                 )
                 if trainer == "rlstore":
                     spec["config"] = configs.get(algo, "")
@@ -397,10 +441,10 @@ def main() -> None:
                     f"peak RSS {result['peak_rss_mb']:.0f} MB",
                     flush=True,
                 )
-    floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs)
+    floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs, env=args.env)
 
     lines = [
-        "# Benchmark: rlstore vs stable-baselines3 on CartPole-v1",
+        f"# Benchmark: rlstore vs stable-baselines3 on {args.env}",
         "",
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
         f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "
@@ -409,6 +453,7 @@ def main() -> None:
         + (" --no-sb3" if args.no_sb3 else "")
         + (f" --device {args.device}" if args.device != "cpu" else "")
         + (f" --ppo-envs {args.ppo_envs}" if args.ppo_envs != 4 else "")
+        + (f" --env {args.env}" if args.env != "CartPole-v1" else "")
         + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
         "single-threaded process, the trainers alternating.",
         "",
@@ -451,7 +496,8 @@ def main() -> None:
         )
     lines += [
         "",
-        f"Floor of the PPO batch shape ({args.ppo_envs} CartPole envs in {floor['env']}, policy on "
+        f"Floor of the PPO batch shape ({floor['num_envs']} {args.env} envs in {floor['env']}, "
+        "policy on "
         f"{args.device}): env step "
         f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us; rlstore's "
         f"collect loop {floor['collect_step_us']:.0f} us per vector step = "
