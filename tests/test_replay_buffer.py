@@ -212,6 +212,55 @@ def test_n_step_windows_go_on_over_another_envs_reset():
     }
 
 
+def test_n_step_targets_across_a_life_loss_a_game_over_and_a_truncation():
+    """Hand-computed 3-step targets (gamma 0.5, reward 1 each step) on one env's stream:
+    1 -> 2 -> 3 (life lost) -> 4 -> 5 -> 6 (game over) | pseudo 6 -> 10 | 10 -> 11 -> 12
+    (truncated) | pseudo 12 -> 20 | 20 -> 21. A lost life cuts the bootstrap but is no
+    reset, so 3 -> 4 is a real transition; the game over and the truncation reset."""
+    b = ReplayBuffer(100, 1, (1,), n_step=3, gamma=0.5, seed=0)
+    steps = [  # obs, next obs, reward, terminated, truncated, life lost
+        (1, 2, 1, 0, 0, 0), (2, 3, 1, 0, 0, 1), (3, 4, 1, 0, 0, 0), (4, 5, 1, 0, 0, 0),
+        (5, 6, 1, 1, 0, 0), (6, 10, 0, 0, 0, 0), (10, 11, 1, 0, 0, 0), (11, 12, 1, 0, 1, 0),
+        (12, 20, 0, 0, 0, 0), (20, 21, 1, 0, 0, 0),
+    ]  # fmt: skip
+    for obs, nxt, reward, term, trunc, lost in steps:
+        b.add(np.array([[obs]], np.float32), np.zeros(1, np.int64), np.array([reward], float),
+              np.array([[nxt]], np.float32), np.array([bool(term)]), np.array([bool(trunc)]),
+              life_lost=np.array([bool(lost)]))  # fmt: skip
+    assert len(b) == 8  # ten adds, two pseudo-steps
+    batch = b.sample(2000)
+    got = {
+        float(o): (float(r), float(n), float(d), bool(t))
+        for o, r, n, d, t in zip(
+            batch.obs[:, 0], batch.rewards, batch.next_obs[:, 0], batch.discounts, batch.terminated
+        )  # fmt: skip
+    }
+    assert got == {
+        1.0: (1.5, 3.0, 0.25, True),  # stops at the lost life: no bootstrap
+        2.0: (1.0, 3.0, 0.5, True),
+        3.0: (1.75, 6.0, 0.125, True),  # a new life: 3 -> 4 -> 5 -> 6, the game over
+        4.0: (1.5, 6.0, 0.25, True),
+        5.0: (1.0, 6.0, 0.5, True),
+        10.0: (1.5, 12.0, 0.25, False),  # truncated: bootstraps from the final obs 12
+        11.0: (1.0, 12.0, 0.5, False),
+        20.0: (1.0, 21.0, 0.5, False),
+    }
+
+
+def test_a_life_lost_at_the_newest_step_survives_a_reload():
+    """Saved right after a lost life, the reloaded buffer still takes the next step as a
+    real transition (the flags alone would read it as a termination)."""
+    no = np.zeros(1, bool)
+    saved = ReplayBuffer(100, 1, (1,), seed=0)
+    saved.add(np.array([[1.0]], np.float32), np.zeros(1, np.int64), np.ones(1),
+              np.array([[2.0]], np.float32), no, no, life_lost=np.array([True]))  # fmt: skip
+    reloaded = ReplayBuffer(100, 1, (1,), seed=0)
+    reloaded.load_state_dict(saved.state_dict())
+    reloaded.add(np.array([[2.0]], np.float32), np.zeros(1, np.int64), np.ones(1),
+                 np.array([[3.0]], np.float32), no, no)  # fmt: skip
+    assert len(reloaded) == 2
+
+
 def test_n_step_never_reads_across_the_cursor_after_wrapping():
     rng = np.random.default_rng(1)
     buffer = ReplayBuffer(capacity=8, num_envs=1, obs_shape=(1,), n_step=4, gamma=0.5, seed=1)

@@ -67,6 +67,38 @@ def test_design_oracle_through_storage(truncated):
     )
 
 
+def test_a_lost_life_cuts_like_a_termination_but_the_game_goes_on():
+    """A life lost at t = 1: the advantages are the oracle's terminated line, and the next
+    step is a real transition (no reset, so no pseudo-step): three valid steps. The value
+    after the life loss (2.0, unused by the masked bootstrap) is the next step's own."""
+    storage = RolloutStorage(3, 1, obs_shape=(1,))
+    storage.reset(np.zeros((1, 1), np.float32))
+    no = np.zeros(1, bool)
+    for t, (value, lost) in enumerate([(0.5, False), (0.6, True), (0.7, False)]):
+        storage.insert(
+            np.full((1, 1), t + 1, np.float32),
+            np.array([0]),
+            np.zeros(1, np.float32),
+            torch.tensor([value]),
+            np.array([1.0]),
+            no,
+            no,
+            life_lost=np.array([lost]),
+        )
+    storage.compute_returns(torch.tensor([0.8]), GAMMA, LAM)
+    assert storage.valid[:, 0].tolist() == [True, True, True]
+    data = storage.flatten()
+    np.testing.assert_allclose(data["advantages"].numpy(), [1.4702, 0.4, 1.092], atol=1e-5)
+    np.testing.assert_allclose(data["returns"].numpy(), [1.9702, 1.0, 1.792], atol=1e-5)
+    assert data["life_lost"].tolist() == [False, True, False]
+    assert not data["terminated"].any()  # the env was not reset
+    storage.after_update()  # a later rollout without lives does not keep stale flags
+    for _ in range(3):
+        storage.insert(np.zeros((1, 1), np.float32), np.array([0]), np.zeros(1, np.float32),
+                       torch.tensor([0.5]), np.array([1.0]), no, no)  # fmt: skip
+    assert not storage.life_lost.any()
+
+
 def naive_gae(r, v, v_next, term, trunc, gamma, lam):
     """A_t = sum_k (gamma lam)^k delta_{t+k}, summing until the first done at or after t."""
     T, N = r.shape

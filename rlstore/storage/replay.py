@@ -209,8 +209,13 @@ class ReplayBuffer:
         next_obs: Array,
         terminated: Array,
         truncated: Array,
+        life_lost: Array | None = None,
     ) -> None:
         """Record one vector step (pseudo-steps included: they are recognised and skipped).
+
+        `life_lost` (Atari): a life ended while the game goes on. Such a transition is stored
+        as terminated (its target has no bootstrap, n-step windows end there), but the env was
+        not reset, so the next step is a real transition, not a pseudo-step.
 
         When `obs` does not continue the stream (it differs from the previous next_obs, as
         after a manual reset or with SAME_STEP autoreset), a break row keeps the previous
@@ -223,6 +228,9 @@ class ReplayBuffer:
         reward = host_array(reward, "reward", (N,), torch.float32)
         terminated = host_array(terminated, "terminated", (N,), torch.bool)
         truncated = host_array(truncated, "truncated", (N,), torch.bool)
+        env_reset = terminated | truncated  # the next step is a pseudo-step
+        if life_lost is not None:
+            terminated = terminated | host_array(life_lost, "life_lost", (N,), torch.bool)
         continues = self._continues(obs)
         if continues is None:
             valid = ~self._last_done  # the step after a done is a pseudo-step
@@ -236,7 +244,7 @@ class ReplayBuffer:
         self._put_obs((self.cursor + 1) % self.rows, next_obs)
         self._advance(action, reward, terminated, truncated, valid)
         self._last_next_obs = (next_obs.dtype, next_obs.tobytes())
-        self._last_done = terminated | truncated
+        self._last_done = env_reset
 
     def _continues(self, obs: np.ndarray) -> np.ndarray | None:
         """Per env, whether `obs` is the previous add's next_obs (its stream goes on); None
@@ -431,6 +439,7 @@ class ReplayBuffer:
             alpha=self.alpha,
             priorities=torch.from_numpy(self.tree.leaves.copy()) if self.tree else None,
             rng=self.generator.bit_generator.state,
+            last_done=torch.from_numpy(self._last_done.copy()),  # a life loss is no reset
         )
         return state
 
@@ -448,7 +457,10 @@ class ReplayBuffer:
         load_tensors(self, self._TENSORS, state)
         prev = (int(state["cursor"]) - 1) % self.rows
         self._last_next_obs = None
-        self._last_done = self._host["terminated"][prev] | self._host["truncated"][prev]
+        if "last_done" in state:
+            self._last_done = state["last_done"].numpy().copy()
+        else:  # saved before life losses were kept apart
+            self._last_done = self._host["terminated"][prev] | self._host["truncated"][prev]
         self._count = int(self._host["valid"].sum())
         self._bridge_rows = set(np.flatnonzero(self._host["bridge"].any(axis=1)).tolist())
         self.cursor, self.added = int(state["cursor"]), int(state["added"])

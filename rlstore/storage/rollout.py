@@ -9,7 +9,10 @@ Episode boundaries (docs/episode-boundaries.md) under Gymnasium's NEXT_STEP auto
 - terminated and truncated are stored apart: a termination bootstraps with 0, a
   truncation from V(final observation);
 - the step after a done is a pseudo-step; `insert` marks it invalid, and it is never
-  handed out by `minibatches` or `flatten`.
+  handed out by `minibatches` or `flatten`;
+- a lost life (Atari) cuts the bootstrap and the advantage chain as a termination does,
+  but the game goes on: the next step is a real one. `life_lost` is stored apart from
+  `terminated`, which, with `truncated`, says that the env was reset.
 
 On a GPU the per-step writes are asynchronous copies, and the validity flags (which decide
 what `minibatches` hands out) live in host memory: neither `insert` nor `minibatches`
@@ -112,6 +115,8 @@ class RolloutStorage:
         self.rewards = torch.zeros((T, N), device=dev)
         self.terminated = torch.zeros((T, N), dtype=torch.bool, device=dev)
         self.truncated = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self.life_lost = torch.zeros((T, N), dtype=torch.bool, device=dev)
+        self._lives = False  # whether life_lost was ever given (else it stays all False)
         self.advantages = torch.zeros((T, N), device=dev)
         self.returns = torch.zeros((T, N), device=dev)
         # Host flags: whether each step is a real transition, and whether the last inserted
@@ -147,8 +152,10 @@ class RolloutStorage:
         reward: Array,
         terminated: Array,
         truncated: Array,
+        life_lost: Array | None = None,
     ) -> None:
-        """Record one vector step taken at `current_obs`; `next_obs` is what the env returned."""
+        """Record one vector step taken at `current_obs`; `next_obs` is what the env returned.
+        `life_lost` (Atari): a life ended without the game ending."""
         t = self.step
         if t >= self.num_steps:
             raise IndexError(
@@ -169,10 +176,16 @@ class RolloutStorage:
         )
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
+        lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
         for destination, source in fields:
             copy_in(destination, source)
         copy_in(self.terminated[t], torch.from_numpy(term))
         copy_in(self.truncated[t], torch.from_numpy(trunc))
+        if lives is not None:
+            copy_in(self.life_lost[t], torch.from_numpy(lives))
+            self._lives = True
+        elif self._lives:
+            self.life_lost[t].zero_()
         np.logical_not(self._prev_done, out=self._valid[t])
         np.logical_or(term, trunc, out=self._prev_done)
         self.step = t + 1
@@ -195,8 +208,9 @@ class RolloutStorage:
         next_value = checked(next_value, "next_value", (self.num_envs,), torch.float32)
         next_values = torch.cat((self.values[1:], to_device(next_value, self.device).float()[None]))
         lam = gae_lambda if use_gae else 1.0
+        cut = self.terminated | self.life_lost if self._lives else self.terminated
         self.advantages = compute_gae(
-            self.rewards, self.values, next_values, self.terminated, self.truncated, gamma, lam
+            self.rewards, self.values, next_values, cut, self.truncated, gamma, lam
         )
         self.returns = self.advantages + self.values
         self._returns_ready = True
@@ -214,6 +228,7 @@ class RolloutStorage:
             "rewards": self.rewards[: self.step],
             "terminated": self.terminated[: self.step],
             "truncated": self.truncated[: self.step],
+            "life_lost": self.life_lost[: self.step],
         }
         if self._returns_ready:
             fields["advantages"] = self.advantages
@@ -264,6 +279,7 @@ class RolloutStorage:
         "rewards",
         "terminated",
         "truncated",
+        "life_lost",
         "valid",
         "advantages",
         "returns",
@@ -277,7 +293,9 @@ class RolloutStorage:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = {"life_lost": torch.zeros_like(self.life_lost), **state}  # saved before lives
         load_tensors(self, self._TENSORS, state)
+        self._lives = bool(self.life_lost.any())
         self.step = int(state["step"])
         self._returns_ready = bool(state["returns_ready"])
 
