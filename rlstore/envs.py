@@ -107,6 +107,7 @@ def make_vec_env(
     vectorization: str = "auto",
     max_episode_steps: int | None = None,
     algo: str | None = None,
+    infos: bool = True,
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algo` can train on its spaces (check_spaces).
@@ -115,6 +116,7 @@ def make_vec_env(
     (`vector_entry_point`) when it has one and num_envs >= NATIVE_MIN_ENVS, and "sync"
     otherwise; "native", "sync" and "async" force a mode. The action space is seeded
     here; the envs are seeded by the first `reset(seed=seed)`, which the caller does.
+    `infos=False` lets the sync vector env skip gathering step infos (training reads none).
     """
     spec = check_env_id(env_id)
     if vectorization == "auto":
@@ -133,7 +135,7 @@ def make_vec_env(
     if mode == "sync":
         env_fns = [functools.partial(gym.make, spec.id, **kwargs)] * num_envs
         try:
-            envs = LeanSyncVectorEnv(env_fns)
+            envs = LeanSyncVectorEnv(env_fns, infos)
         except TypeError:  # observations it does not handle: rlstore refuses them below
             envs = gym.vector.SyncVectorEnv(env_fns)
     else:

@@ -142,10 +142,13 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
     """Envs stepped one after the other in this process, NEXT_STEP autoreset, for Box
     observations: the results of Gymnasium's SyncVectorEnv, step for step, written into
     preallocated arrays. Supports `reset(options={"reset_mask": mask})` as Gymnasium does.
+    With `infos=False` the step's infos are not gathered (an empty dict): merging them costs
+    more than some envs' own step, and rlstore's loops do not read them.
     (Discrete observations are accepted, for rlstore to refuse them with a clear message.)
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]) -> None:
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], infos: bool = True) -> None:
+        self.gather_infos = infos
         first = env_fns[0]()
         if not isinstance(first.observation_space, (gym.spaces.Box, gym.spaces.Discrete)):
             first.close()
@@ -195,7 +198,7 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
             else:
                 (self.observations[i], self.rewards[i], self.terminations[i],
                  self.truncations[i], info) = env.step(action)  # fmt: skip
-            if info:
+            if info and self.gather_infos:
                 infos = self._add_info(infos, info, i)
         self.autoreset = self.terminations | self.truncations
         return (

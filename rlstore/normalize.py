@@ -29,6 +29,13 @@ class RunningMeanStd:
 
     def update(self, batch: np.ndarray) -> None:
         """Merge a batch of samples (first axis: the samples)."""
+        if len(batch) == 1:  # one env: the same arithmetic without numpy's reductions
+            delta = batch[0] - self.mean
+            total = self.count + 1
+            self.mean = self.mean + delta / total
+            self.var = (self.var * self.count + np.square(delta) * self.count / total) / total
+            self.count = total
+            return
         batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), len(batch)
         delta = batch_mean - self.mean
         total = self.count + batch_count
@@ -63,7 +70,7 @@ class ObsNormalizer:
         if update:
             self.rms.update(obs)
         normalized = np.float32((obs - self.rms.mean) / np.sqrt(self.rms.var + self.epsilon))
-        return np.clip(normalized, -self.clip, self.clip)
+        return np.minimum(np.maximum(normalized, -self.clip), self.clip)  # np.clip, cheaper
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.rms.state_dict(), "clip": self.clip, "epsilon": self.epsilon}
@@ -103,7 +110,7 @@ class RewardScaler:
         if live.any():
             self.rms.update(self.returns[live])
         scaled = rewards / np.sqrt(self.rms.var + self.epsilon)
-        return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
+        return np.minimum(np.maximum(scaled, -self.clip), self.clip).astype(np.float32)
 
     def state_dict(self) -> dict[str, Any]:
         return {

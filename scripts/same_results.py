@@ -23,7 +23,8 @@ COMMON = ["--device", "cpu", "--no-progress", "--checkpoint-every", "0"]
 RUNS = {
     "ppo": ["ppo", "--total-timesteps", "20480"],
     "ppo-native-8": ["ppo", "--total-timesteps", "20480", "--num-envs", "8"],
-    "ppo-pendulum": ["ppo", "--env", "Pendulum-v1", "--total-timesteps", "8192"],
+    # (a continuous env without a preset: Pendulum-v1 has one since the Box2D/MuJoCo issue)
+    "ppo-continuous": ["ppo", "--env", "MountainCarContinuous-v0", "--total-timesteps", "8192"],
     "a2c": ["a2c", "--total-timesteps", "20000"],
     "dqn": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000"],
     "dqn-all-options": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000",

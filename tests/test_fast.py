@@ -93,6 +93,18 @@ def test_lean_sync_vector_env_steps_as_gymnasiums(make_one, num_envs):
         action = theirs.action_space.sample()
         for a, b in zip(ours.step(action), theirs.step(action), strict=True):
             np.testing.assert_equal(a, b)
+    quiet = LeanSyncVectorEnv([make_one] * num_envs, infos=False)  # the same, without infos
+    for a, b in zip(quiet.reset(seed=2), LeanSyncVectorEnv([make_one] * num_envs).reset(seed=2)):
+        np.testing.assert_equal(a, b)
+    theirs.reset(seed=2)
+    theirs.action_space.seed(2)
+    for _ in range(30):
+        action = theirs.action_space.sample()
+        expected = theirs.step(action)
+        got = quiet.step(action)
+        for a, b in zip(got[:4], expected[:4], strict=True):
+            np.testing.assert_equal(a, b)
+        assert got[4] == {}
     with pytest.raises(ValueError):  # one action per env, as Gymnasium's step insists
         ours.step(action[:-1] if num_envs > 1 else np.concatenate([action, action]))
     ours.close()

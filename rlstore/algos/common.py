@@ -33,7 +33,13 @@ def build_actor_critic(
     """Envs, actor-critic, rollout storage and (as configured) the observation normalizer
     and reward scaler for PPO and A2C, in their TrainingState (the optimizer joins it)."""
     envs = make_vec_env(
-        cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps, algo
+        cfg.env_id,
+        cfg.num_envs,
+        cfg.seed,
+        cfg.vectorization,
+        cfg.max_episode_steps,
+        algo,
+        infos=False,
     )
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = actor_critic_for(obs_space, action_space).to(device)

@@ -122,7 +122,13 @@ def train(
     run = Run(cfg, "dqn", preset, resume)
     device = run.device
     envs = make_vec_env(
-        cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization, cfg.max_episode_steps, "dqn"
+        cfg.env_id,
+        cfg.num_envs,
+        cfg.seed,
+        cfg.vectorization,
+        cfg.max_episode_steps,
+        "dqn",
+        infos=False,
     )
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
