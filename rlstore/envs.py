@@ -22,6 +22,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from rlstore.config import CommonConfig
 from rlstore.errors import UsageError
 from rlstore.fast import LeanSyncVectorEnv
 
@@ -152,6 +153,13 @@ def make_vec_env(
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
+
+
+def make_training_envs(cfg: CommonConfig, algo: str) -> gym.vector.VectorEnv:
+    """The vector env of a training run of `algo`, as its config says (no step infos:
+    training reads none)."""
+    return make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
+                        cfg.max_episode_steps, algo, infos=False)  # fmt: skip
 
 
 class EpisodeStats:

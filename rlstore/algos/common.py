@@ -7,7 +7,7 @@ import torch
 from gymnasium import spaces
 
 from rlstore.config import OnPolicyConfig
-from rlstore.envs import make_vec_env
+from rlstore.envs import make_training_envs
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
 from rlstore.normalize import ObsNormalizer, RewardScaler
 from rlstore.run import Run, TrainingState
@@ -32,15 +32,7 @@ def build_actor_critic(
 ) -> tuple[ActorCritic, RolloutStorage, TrainingState]:
     """Envs, actor-critic, rollout storage and (as configured) the observation normalizer
     and reward scaler for PPO and A2C, in their TrainingState (the optimizer joins it)."""
-    envs = make_vec_env(
-        cfg.env_id,
-        cfg.num_envs,
-        cfg.seed,
-        cfg.vectorization,
-        cfg.max_episode_steps,
-        algo,
-        infos=False,
-    )
+    envs = make_training_envs(cfg, algo)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = actor_critic_for(obs_space, action_space).to(device)
     if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from rlstore.algos.common import linear_schedule
 from rlstore.config import DQNConfig
-from rlstore.envs import make_vec_env
+from rlstore.envs import make_training_envs
 from rlstore.fast import GreedyActor
 from rlstore.networks import QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, resolve_device
@@ -121,15 +121,7 @@ def train(
     # -- build ---------------------------------------------------------------------------
     run = Run(cfg, "dqn", preset, resume)
     device = run.device
-    envs = make_vec_env(
-        cfg.env_id,
-        cfg.num_envs,
-        cfg.seed,
-        cfg.vectorization,
-        cfg.max_episode_steps,
-        "dqn",
-        infos=False,
-    )
+    envs = make_training_envs(cfg, "dqn")
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
