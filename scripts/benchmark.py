@@ -125,46 +125,21 @@ def child_sb3(
             return True
 
     watch = Watch()
+    # What both PPO settings share (rlstore's defaults): GAE 0.95, clip 0.2 on the policy
+    # and the value, value coef 0.5, max grad norm 0.5, a linearly annealed learning rate.
+    ppo_common = dict(gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
+                      vf_coef=0.5, max_grad_norm=0.5, seed=seed, device=device)  # fmt: skip
     if env != "CartPole-v1":  # PPO's MuJoCo defaults, as rlstore's configs/ppo/mujoco.toml
         from stable_baselines3.common.vec_env import VecNormalize
 
         envs = VecNormalize(make_vec_env(env, n_envs=1, seed=seed), gamma=0.99)
-        model = PPO(
-            "MlpPolicy",
-            envs,
-            n_steps=2048,
-            batch_size=64,  # 32 minibatches
-            n_epochs=10,
-            learning_rate=lambda f: 3e-4 * f,
-            gamma=0.99,
-            gae_lambda=0.95,
-            clip_range=0.2,
-            clip_range_vf=0.2,
-            ent_coef=0.0,
-            vf_coef=0.5,
-            max_grad_norm=0.5,
-            seed=seed,
-            device=device,
-        )
+        model = PPO("MlpPolicy", envs, n_steps=2048, batch_size=64, n_epochs=10,  # 32 minibatches
+                    learning_rate=lambda f: 3e-4 * f, ent_coef=0.0, **ppo_common)  # fmt: skip
     elif algo == "ppo":
         envs = make_vec_env("CartPole-v1", n_envs=ppo_envs, seed=seed)
-        model = PPO(
-            "MlpPolicy",
-            envs,
-            n_steps=128,
-            batch_size=ppo_envs * 128 // 4,  # 4 minibatches
-            n_epochs=4,
-            learning_rate=lambda f: 2.5e-4 * f,
-            gamma=0.99,
-            gae_lambda=0.95,
-            clip_range=0.2,
-            clip_range_vf=0.2,
-            ent_coef=0.01,
-            vf_coef=0.5,
-            max_grad_norm=0.5,
-            seed=seed,
-            device=device,
-        )
+        model = PPO("MlpPolicy", envs, n_steps=128, batch_size=ppo_envs * 128 // 4,  # 4 minibatches
+                    n_epochs=4, learning_rate=lambda f: 2.5e-4 * f, ent_coef=0.01,
+                    **ppo_common)  # fmt: skip
     else:
         envs = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
         model = DQN(
