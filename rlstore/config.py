@@ -73,6 +73,12 @@ class CommonConfig:
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
     max_episode_steps: Count | None = None
     """Override the env's time limit (episodes are truncated after this many steps)."""
+    sticky_actions: bool = False
+    """Atari: repeat the previous action with probability 0.25 (the v5 ids' default). Off
+    by default, as in the published tables rlstore compares with."""
+    sign_rewards: bool = False
+    """Learn from the sign of each reward (-1, 0, 1), as DQN and PPO do on Atari (on by
+    default there). Logged episode returns stay the env's own."""
     logdir: str = "runs"
     """Parent directory of run directories."""
     exp_name: str | None = None
@@ -258,6 +264,7 @@ if not PRESET_DIR.is_dir():  # a source checkout: configs/ at the repository top
 # Env families whose published defaults ship as configs/{algo}/{family}.toml and apply to
 # every env of the family that has no preset of its own.
 FAMILIES = {
+    "atari": re.compile(r"^ALE/.+-v5$|^\w+NoFrameskip-v4$"),
     "mujoco": re.compile(
         r"^(Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|InvertedDoublePendulum"
         r"|InvertedPendulum|Pusher|Reacher|Swimmer|Walker2d)-v\d+$"

@@ -22,6 +22,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
 from rlstore.errors import UsageError
 from rlstore.fast import LeanSyncVectorEnv
@@ -78,10 +79,11 @@ def check_spaces(env_id: str, algo: str | None, obs_space: gym.Space, action_spa
     observations; Discrete actions for DQN, Discrete or 1-d Box actions for PPO and A2C."""
     if not isinstance(obs_space, spaces.Box):
         raise UsageError(f"{env_id} has observation space {obs_space}; rlstore needs a Box")
-    if len(obs_space.shape) >= 2 and obs_space.dtype == np.uint8:
+    if len(obs_space.shape) >= 2 and obs_space.dtype == np.uint8 and not is_frame_stack(obs_space):
         raise UsageError(
-            f"{env_id} has image observations {obs_space.shape} {obs_space.dtype}; rlstore has "
-            "no convolutional network yet, only MLPs for vector observations"
+            f"{env_id} has image observations {obs_space.shape} {obs_space.dtype}; rlstore's "
+            "CNN takes channel-first uint8 stacks of at least 36x36 frames, such as Atari's "
+            "(4, 84, 84): preprocess the env to that shape"
         )
     if algo == "dqn" and not isinstance(action_space, spaces.Discrete):
         raise UsageError(
@@ -94,6 +96,19 @@ def check_spaces(env_id: str, algo: str | None, obs_space: gym.Space, action_spa
             f"{env_id} has action space {action_space}; "
             "PPO and A2C here support Discrete and 1-d Box actions"
         )
+
+
+def is_frame_stack(obs_space: gym.Space) -> bool:
+    """Whether observations are channel-first uint8 image stacks, which the Nature CNN takes
+    (at least 36x36: smaller frames vanish in its convolutions)."""
+    shape = getattr(obs_space, "shape", None) or ()
+    return (
+        isinstance(obs_space, spaces.Box)
+        and obs_space.dtype == np.uint8
+        and len(shape) == 3
+        and shape[0] <= 16
+        and min(shape[1:]) >= 36
+    )
 
 
 # A native vector step costs about the same for 1 or 16 envs, where the lean sync step pays
@@ -109,6 +124,7 @@ def make_vec_env(
     max_episode_steps: int | None = None,
     algo: str | None = None,
     infos: bool = True,
+    sticky_actions: bool = False,
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algo` can train on its spaces (check_spaces).
@@ -118,29 +134,13 @@ def make_vec_env(
     otherwise; "native", "sync" and "async" force a mode. The action space is seeded
     here; the envs are seeded by the first `reset(seed=seed)`, which the caller does.
     `infos=False` lets the sync vector env skip gathering step infos (training reads none).
+    Atari games get their standard preprocessing and `life_lost` (rlstore/atari.py).
     """
     spec = check_env_id(env_id)
-    if vectorization == "auto":
-        native = spec.vector_entry_point is not None and num_envs >= NATIVE_MIN_ENVS
-        mode = "vector_entry_point" if native else "sync"
-    elif vectorization == "native":
-        if spec.vector_entry_point is None:
-            raise UsageError(
-                f"{env_id} has no native vectorized implementation; "
-                "use --vectorization sync or async"
-            )
-        mode = "vector_entry_point"
+    if is_atari(spec):
+        envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps)
     else:
-        mode = vectorization
-    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    if mode == "sync":
-        env_fns = [functools.partial(gym.make, spec.id, **kwargs)] * num_envs
-        try:
-            envs = LeanSyncVectorEnv(env_fns, infos)
-        except TypeError:  # observations it does not handle: rlstore refuses them below
-            envs = gym.vector.SyncVectorEnv(env_fns)
-    else:
-        envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+        envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, max_episode_steps, infos)
     try:
         check_spaces(env_id, algo, envs.single_observation_space, envs.single_action_space)
     except UsageError:
@@ -155,11 +155,41 @@ def make_vec_env(
     return envs
 
 
+def _make_gymnasium_vec_env(
+    spec: gym.envs.registration.EnvSpec,
+    num_envs: int,
+    vectorization: str,
+    max_episode_steps: int | None,
+    infos: bool,
+) -> gym.vector.VectorEnv:
+    if vectorization == "auto":
+        native = spec.vector_entry_point is not None and num_envs >= NATIVE_MIN_ENVS
+        mode = "vector_entry_point" if native else "sync"
+    elif vectorization == "native":
+        if spec.vector_entry_point is None:
+            raise UsageError(
+                f"{spec.id} has no native vectorized implementation; "
+                "use --vectorization sync or async"
+            )
+        mode = "vector_entry_point"
+    else:
+        mode = vectorization
+    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    if mode == "sync":
+        env_fns = [functools.partial(gym.make, spec.id, **kwargs)] * num_envs
+        try:
+            return LeanSyncVectorEnv(env_fns, infos)
+        except TypeError:  # observations it does not handle: rlstore refuses them later
+            return gym.vector.SyncVectorEnv(env_fns)
+    return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+
+
 def make_training_envs(cfg: CommonConfig, algo: str) -> gym.vector.VectorEnv:
     """The vector env of a training run of `algo`, as its config says (no step infos:
     training reads none)."""
     return make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
-                        cfg.max_episode_steps, algo, infos=False)  # fmt: skip
+                        cfg.max_episode_steps, algo, infos=False,
+                        sticky_actions=cfg.sticky_actions)  # fmt: skip
 
 
 class EpisodeStats:

@@ -11,9 +11,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
+from rlstore.envs import check_env_id, make_vec_env
 from rlstore.errors import UsageError
-from rlstore.networks import QNetwork, build_policy
+from rlstore.networks import CnnQNetwork, QNetwork, build_policy
 from rlstore.normalize import ObsNormalizer
 
 
@@ -37,7 +39,7 @@ class Policy:
     @property
     def greedy(self) -> bool:
         """DQN acts greedily on its Q-values; there is no distribution to sample."""
-        return isinstance(self.network, QNetwork)
+        return isinstance(self.network, (QNetwork, CnnQNetwork))
 
     def _batch(self, obs: np.ndarray) -> tuple[torch.Tensor, bool]:
         obs = np.asarray(obs)
@@ -80,6 +82,24 @@ class Policy:
         return action[0] if single else action
 
 
+class OneEnv:
+    """A one-env vector env seen as a single env (reset after each episode, never autoreset)."""
+
+    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+        self.envs = envs
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = self.envs.reset(seed=seed)
+        return obs[0], info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.envs.step(np.asarray([action]))
+        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), info
+
+    def close(self) -> None:
+        self.envs.close()
+
+
 def load_policy(path: str | Path) -> Policy:
     """The policy in a model file, a run directory (its model.pt) or a checkpoint file."""
     path = Path(path)
@@ -120,6 +140,8 @@ def evaluate(
     env_kwargs = {}
     if cfg.get("max_episode_steps"):
         env_kwargs["max_episode_steps"] = cfg["max_episode_steps"]
+    if video and is_atari(check_env_id(policy.env_id)):
+        raise UsageError("--video does not support Atari envs yet; evaluate without --video")
     if video:
         try:
             import moviepy  # noqa: F401  (RecordVideo's writer)
@@ -132,6 +154,9 @@ def evaluate(
         env = gym.wrappers.RecordVideo(
             env, str(run_dir / "videos"), episode_trigger=lambda e: e == 0, disable_logger=True
         )
+    elif is_atari(check_env_id(policy.env_id)):  # the training preprocessing, one env
+        env = OneEnv(make_vec_env(policy.env_id, 1, 0, max_episode_steps=cfg.get(
+            "max_episode_steps"), sticky_actions=cfg.get("sticky_actions", False)))  # fmt: skip
     else:
         env = gym.make(policy.env_id, **env_kwargs)
     seed = cfg.get("seed", 0) + 10_000 if seed is None else seed  # not the training envs' seeds

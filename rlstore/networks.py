@@ -101,12 +101,103 @@ def actor_critic_for(obs_space, action_space) -> ActorCritic:  # gymnasium space
     """An ActorCritic shaped for a single env's observation and action spaces."""
     from gymnasium import spaces
 
+    from rlstore.envs import is_frame_stack
+
     obs_dim = int(np.prod(obs_space.shape))
+    if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
+        return CnnActorCritic(obs_space.shape, int(action_space.n))
     if isinstance(action_space, spaces.Discrete):
         return ActorCritic(obs_dim, int(action_space.n))
     if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
         return ActorCritic(obs_dim, action_space.shape[0], continuous=True)
     raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")
+
+
+def nature_cnn(in_channels: int, frame_shape: tuple[int, int]) -> nn.Sequential:
+    """The Nature DQN trunk (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, 512 linear,
+    ReLU, orthogonal init with gain sqrt(2) as in the PPO reference. Takes uint8 frame stacks
+    and scales them to [0, 1] itself, so they stay uint8 in storage and on the way here."""
+    convs = nn.Sequential(
+        layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+        layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+        nn.Flatten(),
+    )  # fmt: skip
+    with torch.no_grad():
+        flat = convs(torch.zeros(1, in_channels, *frame_shape)).shape[1]
+    return nn.Sequential(ScaleFrames(), *convs, layer_init(nn.Linear(flat, 512)), nn.ReLU())
+
+
+class ScaleFrames(nn.Module):
+    """uint8 pixels -> float in [0, 1], inside the network."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() / 255.0
+
+
+class CnnActorCritic(nn.Module):
+    """Actor-critic for image stacks: a shared Nature CNN trunk, a Categorical head (gain
+    0.01) and a value head (gain 1), as in the PPO Atari reference. Same interface as
+    ActorCritic."""
+
+    continuous = False
+
+    def __init__(self, obs_shape: tuple[int, ...], action_dim: int) -> None:
+        super().__init__()
+        self.trunk = nature_cnn(obs_shape[0], tuple(obs_shape[1:]))
+        self.actor = layer_init(nn.Linear(512, action_dim), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.trunk(obs)).squeeze(-1)
+
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.trunk(obs)
+        action, log_prob = sample_categorical(self.actor(hidden))
+        return action, log_prob, self.critic(hidden).squeeze(-1)
+
+    def evaluate(
+        self, obs: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.trunk(obs)
+        log_probs = self.actor(hidden).log_softmax(-1)
+        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_prob, entropy, self.critic(hidden).squeeze(-1)
+
+    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(self.trunk(obs)).argmax(-1)
+
+
+class CnnQNetwork(nn.Module):
+    """Q-network for image stacks: the Nature CNN trunk and a linear Q head, or a dueling
+    head (value and advantage streams on the trunk's 512 features)."""
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, dueling: bool = False):
+        super().__init__()
+        self.dueling = dueling
+        self.trunk = nature_cnn(obs_shape[0], tuple(obs_shape[1:]))
+        self.advantage = nn.Linear(512, num_actions)
+        if dueling:
+            self.value = nn.Linear(512, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.trunk(obs)
+        advantage = self.advantage(x)
+        if not self.dueling:
+            return advantage
+        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+
+    def greedy_action(self, obs: np.ndarray) -> np.ndarray:
+        """argmax Q for a batch of host observations (as GreedyActor for the MLPs)."""
+        device = self.advantage.weight.device
+        with torch.inference_mode():
+            return (
+                self.advantage(self.trunk(torch.as_tensor(obs, device=device)))
+                .argmax(-1)
+                .cpu()
+                .numpy()
+            )
 
 
 class QNetwork(nn.Module):
@@ -148,6 +239,12 @@ class QNetwork(nn.Module):
 def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasium spaces
     """What rebuilds `network` (build_policy) and clips its actions: kept in model.pt."""
     spec = {"obs_shape": list(obs_space.shape)}
+    if isinstance(network, CnnQNetwork):
+        return {"network": "cnn_q_network", **spec, "action_dim": int(action_space.n),
+                "dueling": network.dueling}  # fmt: skip
+    if isinstance(network, CnnActorCritic):
+        return {"network": "cnn_actor_critic", **spec, "action_dim": int(action_space.n),
+                "continuous": False}  # fmt: skip
     if isinstance(network, QNetwork):
         return {"network": "q_network", **spec, "action_dim": int(action_space.n),
                 "dueling": network.dueling, "hidden": list(network.hidden)}  # fmt: skip
@@ -162,6 +259,10 @@ def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasi
 def build_policy(spec: dict) -> nn.Module:
     """The network a policy spec describes, with fresh parameters."""
     obs_dim = int(np.prod(spec["obs_shape"]))
+    if spec["network"] == "cnn_q_network":
+        return CnnQNetwork(tuple(spec["obs_shape"]), spec["action_dim"], spec["dueling"])
+    if spec["network"] == "cnn_actor_critic":
+        return CnnActorCritic(tuple(spec["obs_shape"]), spec["action_dim"])
     if spec["network"] == "q_network":
         hidden = tuple(spec.get("hidden", (120, 84)))  # (older model files: the default)
         return QNetwork(obs_dim, spec["action_dim"], hidden, dueling=spec["dueling"])

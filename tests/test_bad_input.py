@@ -123,7 +123,7 @@ def test_an_env_without_its_extra_names_the_extra(env_id, module, extra, logdir,
     assert not Path(logdir).exists()
 
 
-def test_image_observations_are_refused_until_there_is_a_cnn(logdir, capsys):
+def test_images_the_cnn_does_not_take_are_refused(logdir, capsys):
     import gymnasium as gym
     import numpy as np
 
@@ -136,7 +136,7 @@ def test_image_observations_are_refused_until_there_is_a_cnn(logdir, capsys):
         for algo in ("ppo", "dqn"):
             code, err = run_main([algo, "--env", "rlstore-test/Images-v0"], logdir, capsys)
             assert code == 2 and err.count("\n") == 1
-            assert "image observations (96, 96, 3) uint8; rlstore has no convolutional" in err
+            assert "image observations (96, 96, 3) uint8; rlstore's CNN takes channel-first" in err
     finally:
         del gym.registry["rlstore-test/Images-v0"]
     assert not Path(logdir).exists()

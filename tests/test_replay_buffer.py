@@ -410,7 +410,7 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
     buffer.save(tmp_path / "replay.pt")
     restored = ReplayBuffer(**kwargs)
     restored.load(tmp_path / "replay.pt")
-    for name in ReplayBuffer._TENSORS:
+    for name in buffer._tensors:
         assert torch.equal(getattr(restored, name), getattr(buffer, name))
     assert (restored.cursor, restored.added, len(restored)) == (
         buffer.cursor,
@@ -440,7 +440,7 @@ def test_capacity_is_rounded_up_to_whole_rows():
 def test_uint8_observations_stay_uint8_and_memory_per_transition():
     buffer = ReplayBuffer(capacity=1000, num_envs=4, obs_shape=(84, 84, 4), obs_dtype=np.uint8)
     assert buffer.obs.dtype == torch.uint8
-    per_transition = sum(getattr(buffer, n).nbytes for n in ReplayBuffer._TENSORS) / buffer.capacity
+    per_transition = sum(getattr(buffer, n).nbytes for n in buffer._tensors) / buffer.capacity
     assert per_transition < 1.01 * (84 * 84 * 4 + 8 + 4 + 3)  # one observation, not two
 
 

@@ -69,9 +69,11 @@ def build_actor_critic(
 def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: TrainingState, run: Run):
     """Fill the storage with one rollout, acting with the current policy. With
     normalization on, the storage gets normalized observations and scaled rewards, and the
-    run's episode statistics the env's own rewards."""
+    run's episode statistics the env's own rewards. Atari: rewards are learnt by their sign
+    (cfg.sign_rewards) and a lost life cuts the bootstrap (docs/episode-boundaries.md)."""
     envs, obs_norm = state.envs, state.obs_normalizer
     reward_scale = state.parts.get("reward_scaler")
+    sign_rewards = run.cfg.sign_rewards
     space = envs.single_action_space
     for _ in range(storage.num_steps):
         with torch.inference_mode():
@@ -82,7 +84,10 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         next_obs, reward, terminated, truncated, _ = envs.step(env_action)
         stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
-        storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated)
+        if sign_rewards:
+            stored_reward = np.sign(stored_reward)
+        storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
+                       getattr(envs, "life_lost", None))  # fmt: skip
         run.record_step(reward, terminated, truncated)
 
 

@@ -20,9 +20,9 @@ from torch.nn import functional as F
 
 from rlstore.algos.common import linear_schedule
 from rlstore.config import DQNConfig
-from rlstore.envs import make_training_envs
+from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.fast import GreedyActor
-from rlstore.networks import QNetwork, policy_spec
+from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
@@ -55,7 +55,10 @@ def td_loss(
 
 
 def epsilon_greedy(
-    greedy_actions: GreedyActor, obs: np.ndarray, epsilon: float, num_actions: int
+    greedy_actions: Callable[[np.ndarray], np.ndarray],
+    obs: np.ndarray,
+    epsilon: float,
+    num_actions: int,
 ) -> np.ndarray:
     """One action per env: uniform with probability epsilon, else argmax Q.
 
@@ -125,10 +128,15 @@ def train(
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
-    obs_dim = int(np.prod(obs_space.shape))
-    q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling).to(device)
+    frames = is_frame_stack(obs_space)  # Atari: the Nature CNN, each frame stored once
+    if frames:
+        q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
+        greedy_actions = q_network.greedy_action
+    else:
+        obs_dim = int(np.prod(obs_space.shape))
+        q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling).to(device)
+        greedy_actions = GreedyActor(q_network.advantage_path)
     target_network = copy.deepcopy(q_network)
-    greedy_actions = GreedyActor(q_network.advantage_path)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     buffer = ReplayBuffer(
         cfg.buffer_size,
@@ -143,6 +151,7 @@ def train(
         alpha=cfg.per_alpha,
         priority_eps=cfg.per_eps,
         seed=cfg.seed,
+        frame_stack=obs_space.shape[0] if frames else 0,
     )
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(q_network, obs_space, action_space)
@@ -159,7 +168,9 @@ def train(
             next_obs, reward, terminated, truncated, _ = envs.step(action)
 
             # -- store -----------------------------------------------------------------
-            buffer.add(state.obs, action, reward, next_obs, terminated, truncated)
+            learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
+            buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
+                       getattr(envs, "life_lost", None))  # fmt: skip
             state.obs = next_obs
             before = run.global_step
             run.record_step(reward, terminated, truncated)

@@ -20,6 +20,18 @@ The row at the write cursor holds the newest next_obs and no transition, so a bu
 capacity C per env keeps C + 1 rows. n-step windows stop at the first done, at the newest
 row, and never read across the cursor.
 
+Frame stacks (Atari, `frame_stack=k`): each observation is a stack of the last k frames,
+and each frame is stored once. A row keeps only its observation's newest frame, plus its
+depth: how many of the older frames are the newest frames of the rows above it (k - 1
+once the stream has run for k - 1 steps). Where the stream starts (the first row, an
+episode's reset observation, a break), the older frames are the padding the env put
+there, kept in a ring of "start stacks" (k - 1 frames each). A row continues its stream's
+frames when its older frames equal the previous row's newer ones, byte for byte; else it
+starts a new segment. So stacks are rebuilt exactly as the env returned them, whatever its
+padding. The start ring holds one entry per 32 slots by default; when an entry is
+overwritten while its rows are still stored (only with very short episodes), those rows
+and the few before them that could bootstrap from them stop being sampled.
+
 Prioritized replay (proportional, Schaul et al. 2016): a sum tree over all (row, env)
 slots holds priority^alpha; invalid slots hold 0. New transitions get the maximum priority
 seen so far; importance weights (N * P(i))^-beta are divided by the batch maximum. A
@@ -157,6 +169,8 @@ class ReplayBuffer:
         alpha: float = 0.6,
         priority_eps: float = 1e-6,
         seed: int | None = None,
+        frame_stack: int = 0,
+        start_capacity: int | None = None,
     ) -> None:
         if num_envs < 1 or capacity < 1:
             raise ValueError(f"capacity ({capacity}) and num_envs ({num_envs}) must be >= 1")
@@ -174,9 +188,32 @@ class ReplayBuffer:
         self.n_step, self.gamma = n_step, gamma
         self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
         R, N = self.rows, num_envs
-        self.obs = torch.zeros(
-            (R, N, *self.obs_shape), dtype=_torch_dtype(obs_dtype), device=self.device
-        )
+        self.obs_dtype = _torch_dtype(obs_dtype)
+        self.frame_stack = frame_stack
+        self._host_names = self._HOST_TENSORS
+        if frame_stack:
+            if frame_stack < 2 or len(self.obs_shape) != 3 or self.obs_shape[0] != frame_stack:
+                raise ValueError(
+                    f"frame_stack={frame_stack} needs observations of shape (frame_stack, H, W) "
+                    f"with frame_stack >= 2, got {self.obs_shape}"
+                )
+            k, frame = frame_stack, self.obs_shape[1:]
+            self.start_capacity = start_capacity or max(2 * N, R * N // 32)
+            # One pool: R * N row frames, then the start ring's (k - 1)-frame stacks.
+            self.frames = torch.zeros(
+                (R * N + self.start_capacity * (k - 1), *frame),
+                dtype=self.obs_dtype,
+                device=self.device,
+            )
+            self.depth = torch.zeros((R, N), dtype=torch.int8)
+            self.start_slot = torch.zeros((R, N), dtype=torch.int32)
+            self.start_owner = torch.full((self.start_capacity, 2), -1, dtype=torch.int64)
+            self.starts_written = 0
+            self._host_names = (*self._HOST_TENSORS, "depth", "start_slot", "start_owner")
+        else:
+            self.obs = torch.zeros(
+                (R, N, *self.obs_shape), dtype=self.obs_dtype, device=self.device
+            )
         # Host tensors, written and read through numpy views (no torch call per field).
         self.actions = torch.zeros((R, N, *self.action_shape), dtype=_torch_dtype(action_dtype))
         self.rewards = torch.zeros((R, N))
@@ -184,9 +221,10 @@ class ReplayBuffer:
         self.truncated = torch.zeros((R, N), dtype=torch.bool)
         self.valid = torch.zeros((R, N), dtype=torch.bool)  # False: pseudo-step, break, cursor
         self.bridge = torch.zeros((R, N), dtype=torch.bool)  # a break row the stream goes on over
-        self._host = {name: getattr(self, name).numpy() for name in self._HOST_TENSORS}
+        self._host = {name: getattr(self, name).numpy() for name in self._host_names}
         # A CPU buffer writes its observations through a numpy view too.
-        self._obs_view = self.obs.numpy() if self.device.type == "cpu" else None
+        stored = self.frames if frame_stack else self.obs
+        self._obs_view = stored.numpy() if self.device.type == "cpu" else None
         self.cursor = 0  # the row the next add writes
         self.added = 0  # rows written in total
         self._count = 0  # valid slots
@@ -221,7 +259,7 @@ class ReplayBuffer:
         after a manual reset or with SAME_STEP autoreset), a break row keeps the previous
         next_obs and the transition goes into the row after it.
         """
-        N, obs_dtype = self.num_envs, self.obs.dtype
+        N, obs_dtype = self.num_envs, self.obs_dtype
         obs = host_array(obs, "obs", (N, *self.obs_shape), obs_dtype)
         next_obs = host_array(next_obs, "next_obs", (N, *self.obs_shape), obs_dtype)
         action = host_array(action, "action", (N, *self.action_shape), self.actions.dtype)
@@ -239,9 +277,9 @@ class ReplayBuffer:
                 no = np.zeros(N, dtype=bool)
                 actions = self._host["actions"][self.cursor]
                 self._advance(actions, np.zeros(N), no, no, no, bridge=continues)
-            self._put_obs(self.cursor, obs)
+            self._put_obs(self.cursor, obs, self.added)
             valid = np.where(continues, ~self._last_done, True)
-        self._put_obs((self.cursor + 1) % self.rows, next_obs)
+        self._put_obs((self.cursor + 1) % self.rows, next_obs, self.added + 1, previous=obs)
         self._advance(action, reward, terminated, truncated, valid)
         self._last_next_obs = (next_obs.dtype, next_obs.tobytes())
         self._last_done = env_reset
@@ -253,7 +291,7 @@ class ReplayBuffer:
         if self.added == 0:
             return np.zeros(N, dtype=bool)
         if self._last_next_obs is None:  # just loaded: compare with the stored row
-            previous = self.obs[self.cursor].cpu().numpy()
+            previous = self._stored_obs(self.cursor * N + np.arange(N)).cpu().numpy()
         elif (obs.dtype, obs.tobytes()) == self._last_next_obs:
             return None
         else:
@@ -264,11 +302,103 @@ class ReplayBuffer:
         continues = (previous.reshape(N, -1) == obs.reshape(N, -1)).all(axis=1)
         return None if continues.all() else continues
 
-    def _put_obs(self, row: int, obs: np.ndarray) -> None:
+    def _put_obs(
+        self, row: int, obs: np.ndarray, write: int, previous: np.ndarray | None = None
+    ) -> None:
+        """Store the observations of `row` (the `write`-th row written); `previous` is the
+        row above's, when the stream may go on from it."""
+        if not self.frame_stack:
+            self._write_frames(row, obs)
+            return
+        N, k, host = self.num_envs, self.frame_stack, self._host
+        self._drop_rows_losing_frames(row)
+        if previous is None:
+            goes_on = np.zeros(N, dtype=bool)
+        else:  # the older frames are the previous stack's newer ones: one frame is new
+            goes_on = (obs[:, :-1] == previous[:, 1:]).reshape(N, -1).all(axis=1)
+        above = (row - 1) % self.rows
+        host["depth"][row] = np.where(goes_on, np.minimum(host["depth"][above] + 1, k - 1), 0)
+        host["start_slot"][row] = host["start_slot"][above]
+        for env in np.flatnonzero(~goes_on):  # a new segment: keep the padding frames
+            slot = self._claim_start_slot(write, int(env))
+            host["start_slot"][row, env] = slot
+            start = self.rows * N + slot * (k - 1)
+            self._write_frames(slice(start, start + k - 1), obs[env, :-1])
+        self._write_frames(slice(row * N, (row + 1) * N), obs[:, -1])
+
+    def _drop_rows_losing_frames(self, row: int) -> None:
+        """Rewriting `row` takes away the frame that the next k - 1 rows (the oldest stored)
+        may stack on: those that do stop being sampled."""
+        host, N = self._host, self.num_envs
+        dropped = []
+        for ahead in range(1, min(self.frame_stack, self.rows - 1)):
+            later = (row + ahead) % self.rows
+            lose = (host["depth"][later] >= ahead) & host["valid"][later]
+            if lose.any():
+                host["valid"][later] &= ~lose
+                self._count -= int(lose.sum())
+                dropped.extend((later * N + np.flatnonzero(lose)).tolist())
+        if dropped and self.tree is not None:
+            self.tree.update(np.array(dropped), np.zeros(len(dropped)))
+
+    def _write_frames(self, where: int | slice, data: np.ndarray) -> None:
+        stored = self.frames if self.frame_stack else self.obs
         if self._obs_view is not None:
-            self._obs_view[row] = obs
+            self._obs_view[where] = data
         else:
-            copy_in(self.obs[row], torch.from_numpy(obs))
+            copy_in(stored[where], torch.from_numpy(np.ascontiguousarray(data)))
+
+    def _claim_start_slot(self, write: int, env: int) -> int:
+        """The next start-ring slot, for the segment starting at row `write` of `env`. The
+        rows of the segment it held before stop being sampled if they are still stored."""
+        slot = self.starts_written % self.start_capacity
+        owner = self._host["start_owner"]
+        old_write, old_env = (int(x) for x in owner[slot])
+        if old_write >= 0:
+            self._forget_segment_start(old_write, old_env, slot)
+        owner[slot] = (write, env)
+        self.starts_written += 1
+        return slot
+
+    def _forget_segment_start(self, write: int, env: int, slot: int) -> None:
+        """Rows whose stacks need start slot `slot` (the first k - 1 of the segment that began
+        at row `write`), and the rows before that could bootstrap from them, become invalid."""
+        host, k, N = self._host, self.frame_stack, self.num_envs
+        changed = []
+        for w in range(write - self.n_step - 1, write + k - 1):
+            if (
+                w < 0 or w <= self.added + 1 - self.rows or w >= self.added
+            ):  # gone, or being written
+                continue
+            row = w % self.rows
+            if w >= write and (
+                host["depth"][row, env] >= k - 1 or host["start_slot"][row, env] != slot
+            ):
+                continue
+            if host["valid"][row, env]:
+                host["valid"][row, env] = False
+                self._count -= 1
+                changed.append(row * N + env)
+        if changed and self.tree is not None:
+            self.tree.update(np.array(changed), np.zeros(len(changed)))
+
+    def _stored_obs(self, flat: np.ndarray) -> torch.Tensor:
+        """The observations of flat slots (row * num_envs + env), as stored or rebuilt."""
+        if not self.frame_stack:
+            return self.obs.view(-1, *self.obs_shape)[
+                to_device(torch.from_numpy(flat), self.device)
+            ]
+        N, k, host = self.num_envs, self.frame_stack, self._host
+        row, env = np.divmod(flat, N)
+        depth = host["depth"].reshape(-1)[flat].astype(np.int64)[..., None]
+        slot = host["start_slot"].reshape(-1)[flat].astype(np.int64)[..., None]
+        position = np.arange(k)  # oldest frame first
+        back = (k - 1) - position  # rows above the slot's own
+        from_rows = ((row[..., None] - back) % self.rows) * N + env[..., None]
+        from_start = self.rows * N + slot * (k - 1) + np.minimum(position + depth, k - 2)
+        index = np.where(back <= depth, from_rows, from_start)
+        stacks = self.frames[to_device(torch.from_numpy(index.reshape(-1)), self.device)]
+        return stacks.view(*flat.shape, *self.obs_shape)
 
     def _advance(self, action, reward, terminated, truncated, valid, bridge=None) -> None:
         """Fill the cursor row's transition fields (its obs is in place), move the cursor on."""
@@ -333,12 +463,10 @@ class ReplayBuffer:
         rewards, discounts, terminated, next_flat = self._n_step(flat)
         # Three host -> device copies: obs indices, float fields, actions; obs and next_obs
         # are gathered together.
-        index = to_device(torch.from_numpy(np.stack((flat, next_flat))), self.device)
         scalars = np.stack((rewards, discounts, terminated, weights), dtype=np.float32)
         scalars = to_device(torch.from_numpy(scalars), self.sample_device)
         actions = self._host["actions"].reshape(-1, *self.action_shape)[flat]
-        flat_obs = self.obs.view(-1, *self.obs_shape)  # flat (row * N + env) indexing is fast
-        obs = to_device(flat_obs[index], self.sample_device)
+        obs = to_device(self._stored_obs(np.stack((flat, next_flat))), self.sample_device)
         return ReplayBatch(
             obs=obs[0],
             actions=to_device(torch.from_numpy(actions), self.sample_device),
@@ -426,10 +554,15 @@ class ReplayBuffer:
     # -- persistence ------------------------------------------------------------------------
 
     _HOST_TENSORS = ("actions", "rewards", "terminated", "truncated", "valid", "bridge")
-    _TENSORS = ("obs", *_HOST_TENSORS)
+
+    @property
+    def _tensors(self) -> tuple[str, ...]:
+        return ("frames" if self.frame_stack else "obs", *self._host_names)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {name: getattr(self, name).cpu().clone() for name in self._TENSORS}
+        state: dict[str, Any] = {name: getattr(self, name).cpu().clone() for name in self._tensors}
+        if self.frame_stack:
+            state["starts_written"] = self.starts_written
         state.update(
             cursor=self.cursor,
             added=self.added,
@@ -447,6 +580,8 @@ class ReplayBuffer:
         """Restore a state_dict() into a buffer built with the same arguments."""
         if (state["priorities"] is None) != (self.tree is None):
             raise ValueError("prioritized and uniform buffers cannot load each other's state")
+        if ("frames" in state) != bool(self.frame_stack):
+            raise ValueError("frame-stack and plain buffers cannot load each other's state")
         for name in ("n_step", "gamma", "alpha"):
             if state[name] != getattr(self, name):
                 raise ValueError(
@@ -454,7 +589,9 @@ class ReplayBuffer:
                     "build the buffer with the saved settings"
                 )
         state = {"bridge": torch.zeros_like(self.bridge), **state}  # saved before bridges
-        load_tensors(self, self._TENSORS, state)
+        load_tensors(self, self._tensors, state)
+        if self.frame_stack:
+            self.starts_written = int(state["starts_written"])
         prev = (int(state["cursor"]) - 1) % self.rows
         self._last_next_obs = None
         if "last_done" in state:
