@@ -198,7 +198,9 @@ class ReplayBuffer:
                     f"with frame_stack >= 2, got {self.obs_shape}"
                 )
             k, frame = frame_stack, self.obs_shape[1:]
-            self.start_capacity = start_capacity or max(2 * N, R * N // 32)
+            self.start_capacity = start_capacity or max(64 * N, R * N // 32)
+            if self.start_capacity < 4 * N:  # one add never reuses a slot it or the last took
+                raise ValueError(f"start_capacity must be at least 4 * num_envs = {4 * N}")
             # One pool: R * N row frames, then the start ring's (k - 1)-frame stacks.
             self.frames = torch.zeros(
                 (R * N + self.start_capacity * (k - 1), *frame),
@@ -209,7 +211,10 @@ class ReplayBuffer:
             self.start_slot = torch.zeros((R, N), dtype=torch.int32)
             self.start_owner = torch.full((self.start_capacity, 2), -1, dtype=torch.int64)
             self.starts_written = 0
-            self._host_names = (*self._HOST_TENSORS, "depth", "start_slot", "start_owner")
+            # A transition whose stacks cannot be rebuilt any more: never sampled, though
+            # still valid for the n-step windows of the rows before it.
+            self.lost = torch.zeros((R, N), dtype=torch.bool)
+            self._host_names = (*self._HOST_TENSORS, "depth", "start_slot", "start_owner", "lost")
         else:
             self.obs = torch.zeros(
                 (R, N, *self.obs_shape), dtype=self.obs_dtype, device=self.device
@@ -330,16 +335,19 @@ class ReplayBuffer:
         """Rewriting `row` takes away the frame that the next k - 1 rows (the oldest stored)
         may stack on: those that do stop being sampled."""
         host, N = self._host, self.num_envs
-        dropped = []
         for ahead in range(1, min(self.frame_stack, self.rows - 1)):
             later = (row + ahead) % self.rows
-            lose = (host["depth"][later] >= ahead) & host["valid"][later]
-            if lose.any():
-                host["valid"][later] &= ~lose
-                self._count -= int(lose.sum())
-                dropped.extend((later * N + np.flatnonzero(lose)).tolist())
-        if dropped and self.tree is not None:
-            self.tree.update(np.array(dropped), np.zeros(len(dropped)))
+            self._mark_lost(later * N + np.flatnonzero(host["depth"][later] >= ahead))
+
+    def _mark_lost(self, flat: np.ndarray) -> None:
+        """Flat slots whose stacks can no longer be rebuilt: they stop being sampled."""
+        valid, lost = self._host["valid"].reshape(-1), self._host["lost"].reshape(-1)
+        flat = flat[valid[flat] & ~lost[flat]]
+        if len(flat):
+            lost[flat] = True
+            self._count -= len(flat)
+            if self.tree is not None:
+                self.tree.update(flat, np.zeros(len(flat)))
 
     def _write_frames(self, where: int | slice, data: np.ndarray) -> None:
         stored = self.frames if self.frame_stack else self.obs
@@ -361,26 +369,29 @@ class ReplayBuffer:
         return slot
 
     def _forget_segment_start(self, write: int, env: int, slot: int) -> None:
-        """Rows whose stacks need start slot `slot` (the first k - 1 of the segment that began
-        at row `write`), and the rows before that could bootstrap from them, become invalid."""
-        host, k, N = self._host, self.frame_stack, self.num_envs
-        changed = []
-        for w in range(write - self.n_step - 1, write + k - 1):
-            if (
-                w < 0 or w <= self.added + 1 - self.rows or w >= self.added
-            ):  # gone, or being written
-                continue
-            row = w % self.rows
-            if w >= write and (
-                host["depth"][row, env] >= k - 1 or host["start_slot"][row, env] != slot
-            ):
-                continue
-            if host["valid"][row, env]:
-                host["valid"][row, env] = False
-                self._count -= 1
-                changed.append(row * N + env)
-        if changed and self.tree is not None:
-            self.tree.update(np.array(changed), np.zeros(len(changed)))
+        """Start slot `slot` is being reused: the rows of the segment that began at row
+        `write` whose stacks need it (at most the first k - 1) become lost, and so do the
+        rows before them whose n-step window bootstraps from one of those."""
+        host, k, N, R = self._host, self.frame_stack, self.num_envs, self.rows
+
+        def stored(w: int) -> bool:  # still in the buffer and not the row being written
+            return self.added + 1 - R < w < self.added
+
+        lost = [
+            (w % R) * N + env
+            for w in range(write, write + k - 1)
+            if stored(w)
+            and host["depth"][w % R, env] < k - 1
+            and host["start_slot"][w % R, env] == slot
+        ]
+        if not lost:
+            return
+        self._mark_lost(np.array(lost))
+        reach = self.n_step + 1 + len(self._bridge_rows)  # bridges lengthen a window
+        before = np.array([(w % R) * N + env for w in range(write - reach, write) if stored(w)])
+        if len(before):
+            ends = self._n_step(before)[3]
+            self._mark_lost(before[np.isin(ends, lost)])
 
     def _stored_obs(self, flat: np.ndarray) -> torch.Tensor:
         """The observations of flat slots (row * num_envs + env), as stored or rebuilt."""
@@ -417,6 +428,10 @@ class ReplayBuffer:
             host["bridge"][row] = bridge
             self._bridge_rows.add(row)
         # The next row's obs now holds our next_obs: no transition there yet.
+        if self.frame_stack:  # a rewritten row starts afresh; lost slots are not counted
+            host["lost"][row] = False
+            self._count += np.count_nonzero(host["valid"][nxt] & host["lost"][nxt])
+            host["lost"][nxt] = False
         self._count += np.count_nonzero(valid) - np.count_nonzero(host["valid"][nxt])
         host["valid"][nxt] = False
         if self.tree is not None:
@@ -486,18 +501,23 @@ class ReplayBuffer:
         return write * self.num_envs + env
 
     def _uniform(self, batch_size: int) -> np.ndarray:
-        """Flat slots drawn uniformly from the valid ones, by rejection (few are invalid)."""
+        """Flat slots drawn uniformly from the sampleable ones, by rejection (few are not)."""
         valid = self._host["valid"].reshape(-1)
+        lost = self._host["lost"].reshape(-1) if self.frame_stack else None
+
+        def rejected(flat: np.ndarray) -> np.ndarray:
+            return ~valid[flat] if lost is None else ~valid[flat] | lost[flat]
+
         high = min(self.added, self.rows) * self.num_envs  # slots ever written
         flat = self.generator.integers(0, high, batch_size)
-        redraw = ~valid[flat]
+        redraw = rejected(flat)
         for _ in range(8):
             if not redraw.any():
                 return flat
             flat[redraw] = self.generator.integers(0, high, int(redraw.sum()))
-            redraw = ~valid[flat]
+            redraw = rejected(flat)
         if redraw.any():  # mostly invalid slots (tiny buffers): draw from the valid list
-            valid_flat = np.flatnonzero(valid)
+            valid_flat = np.flatnonzero(valid if lost is None else valid & ~lost)
             flat[redraw] = valid_flat[self.generator.integers(0, len(valid_flat), redraw.sum())]
         return flat
 
@@ -545,6 +565,8 @@ class ReplayBuffer:
         flat = (write % self.rows) * self.num_envs + env
         # A row is rewritten rows writes later, and invalidated (as the cursor row) one before.
         stored = (self.added - write < self.rows) & self._host["valid"].reshape(-1)[flat]
+        if self.frame_stack:
+            stored &= ~self._host["lost"].reshape(-1)[flat]
         if not stored.any():
             return
         flat, priority = flat[stored], priority[stored]
@@ -599,6 +621,8 @@ class ReplayBuffer:
         else:  # saved before life losses were kept apart
             self._last_done = self._host["terminated"][prev] | self._host["truncated"][prev]
         self._count = int(self._host["valid"].sum())
+        if self.frame_stack:
+            self._count -= int((self._host["valid"] & self._host["lost"]).sum())
         self._bridge_rows = set(np.flatnonzero(self._host["bridge"].any(axis=1)).tolist())
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
         self.max_priority = float(state["max_priority"])
