@@ -98,7 +98,7 @@ def pair(capacity, num_envs, n_step=3, prioritized=False, start_capacity=None, s
 @settings(max_examples=40, deadline=None)
 @given(
     num_envs=st.integers(1, 3),
-    capacity=st.integers(8, 60),
+    per_env=st.integers(K, 25),
     steps=st.integers(1, 150),
     n_step=st.integers(1, 4),
     padding=st.sampled_from(["zeros", "repeat"]),
@@ -108,11 +108,11 @@ def pair(capacity, num_envs, n_step=3, prioritized=False, start_capacity=None, s
     seed=st.integers(0, 10_000),
 )
 def test_frame_stacks_equal_whole_observations(
-    num_envs, capacity, steps, n_step, padding, done_prob, reset_prob, small_start_ring, seed
+    num_envs, per_env, steps, n_step, padding, done_prob, reset_prob, small_start_ring, seed
 ):
     rng = np.random.default_rng(seed)
     start_capacity = 4 * num_envs if small_start_ring else None
-    frames, plain = pair(capacity, num_envs, n_step, start_capacity=start_capacity)
+    frames, plain = pair(per_env * num_envs, num_envs, n_step, start_capacity=start_capacity)
     feed([frames, plain], StackedStream(num_envs, rng, padding, done_prob), steps, rng, reset_prob)
     assert assert_same_as_plain(frames, plain) == len(frames)
     # Only the oldest k - 1 rows (their older frames are gone) and slots whose start stack
@@ -173,5 +173,7 @@ def test_save_load_of_a_frame_buffer_is_exact(tmp_path):
 def test_frame_stack_needs_stacked_observations():
     with pytest.raises(ValueError, match="frame_stack=4 needs observations of shape"):
         ReplayBuffer(10, 1, (84, 84), obs_dtype=np.uint8, frame_stack=4)
+    with pytest.raises(ValueError, match="holds at least 4 transitions per env"):
+        ReplayBuffer(6, 2, (4, 84, 84), obs_dtype=np.uint8, frame_stack=4)
     with pytest.raises(ValueError, match="start_capacity must be at least 4"):
         ReplayBuffer(10, 2, (4, 84, 84), obs_dtype=np.uint8, frame_stack=4, start_capacity=7)

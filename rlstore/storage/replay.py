@@ -198,6 +198,8 @@ class ReplayBuffer:
                     f"with frame_stack >= 2, got {self.obs_shape}"
                 )
             k, frame = frame_stack, self.obs_shape[1:]
+            if self.capacity // N < k:  # a stack must not reach around the ring
+                raise ValueError(f"a frame-stack buffer holds at least {k} transitions per env")
             self.start_capacity = start_capacity or max(64 * N, R * N // 32)
             if self.start_capacity < 4 * N:  # one add never reuses a slot it or the last took
                 raise ValueError(f"start_capacity must be at least 4 * num_envs = {4 * N}")
@@ -335,7 +337,7 @@ class ReplayBuffer:
         """Rewriting `row` takes away the frame that the next k - 1 rows (the oldest stored)
         may stack on: those that do stop being sampled."""
         host, N = self._host, self.num_envs
-        for ahead in range(1, min(self.frame_stack, self.rows - 1)):
+        for ahead in range(1, self.frame_stack):
             later = (row + ahead) % self.rows
             self._mark_lost(later * N + np.flatnonzero(host["depth"][later] >= ahead))
 
