@@ -72,6 +72,10 @@ def _umask() -> int:
 
 def safe_load(path: str | Path) -> Any:
     """torch.load without executing code; a clear ValueError when the file is not readable."""
+    try:  # mmap: a large replay buffer is copied from the page cache, not held twice in memory
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip archive, or broken: the plain load tells why
+        pass
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, garbage or foreign files all land here
