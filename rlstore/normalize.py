@@ -102,13 +102,19 @@ class RewardScaler:
     def __call__(
         self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
     ) -> np.ndarray:
-        live = ~self.prev_done
-        self.prev_done = terminated | truncated
-        self.returns[live] = (
-            self.returns[live] * self.gamma * (1 - terminated[live]) + rewards[live]
-        )
-        if live.any():
-            self.rms.update(self.returns[live])
+        if len(rewards) == 1:  # one env: the same arithmetic without boolean indexing
+            if not self.prev_done[0]:
+                self.returns[0] = self.returns[0] * self.gamma * (1 - terminated[0]) + rewards[0]
+                self.rms.update(self.returns)
+            self.prev_done = terminated | truncated
+        else:
+            live = ~self.prev_done
+            self.prev_done = terminated | truncated
+            self.returns[live] = (
+                self.returns[live] * self.gamma * (1 - terminated[live]) + rewards[live]
+            )
+            if live.any():
+                self.rms.update(self.returns[live])
         scaled = rewards / np.sqrt(self.rms.var + self.epsilon)
         return np.minimum(np.maximum(scaled, -self.clip), self.clip).astype(np.float32)
 

@@ -8,6 +8,8 @@ PPO, a MuJoCo env at the continuous-control defaults).
     python scripts/benchmark.py --parallel 1 2 3        # K copies of one command at once
     python scripts/benchmark.py --algos ppo --env HalfCheetah-v4 --ppo-steps 100000 \
         --out docs/benchmark-halfcheetah                 # PPO's MuJoCo defaults
+    python scripts/benchmark.py --algos ppo --env BreakoutNoFrameskip-v4 --ppo-steps 20480 \
+        --out docs/benchmark-atari                       # PPO's Atari defaults
 
 Each run is its own process (so imports and start-up count), runs alternate between the
 two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
@@ -22,6 +24,11 @@ same time, for each K, and reports the aggregate env steps/s (the sum of the cop
 steps/s) and the wall time. Runs sharing the cores must not collapse: the aggregate at K = 3
 on 2 cores should be at least the K = 1 figure. Writes docs/parallel-latest.md and .json
 (docs/parallel.md holds the before/after figures).
+
+--env BreakoutNoFrameskip-v4 (PPO only, any Atari id): rlstore at its Atari defaults (8 envs
+x 128 steps, 4 epochs x 4 minibatches, the Nature CNN, ale-py's vector env), SB3's PPO
+with CnnPolicy at the same settings on its make_atari_env + VecFrameStack(4); the floor is
+the vector env step plus the CNN forward of 8 observations.
 
 --env HalfCheetah-v4 (PPO only): rlstore at the defaults it applies to MuJoCo ids (1 env x
 2048 steps, 10 epochs x 32 minibatches, lr 3e-4 annealed, observation and reward
@@ -129,7 +136,23 @@ def child_sb3(
     # and the value, value coef 0.5, max grad norm 0.5, a linearly annealed learning rate.
     ppo_common = dict(gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
                       vf_coef=0.5, max_grad_norm=0.5, seed=seed, device=device)  # fmt: skip
-    if env != "CartPole-v1":  # PPO's MuJoCo defaults, as rlstore's configs/ppo/mujoco.toml
+    if is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
+        import ale_py
+        import gymnasium
+        from stable_baselines3.common.env_util import make_atari_env
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        gymnasium.register_envs(ale_py)
+
+        # SB3's AtariWrapper: 30 no-ops, skip 4 with max-pool, FIRE reset, 84x84 gray,
+        # rewards clipped; its end-of-life episodes give the same bootstrap cut. v5 ids skip
+        # 4 frames themselves and stick actions: both off, so the wrapper does the skipping.
+        env_kwargs = {"frameskip": 1, "repeat_action_probability": 0.0} if "/" in env else {}
+        envs = VecFrameStack(make_atari_env(env, n_envs=8, seed=seed, env_kwargs=env_kwargs), 4)
+        model = PPO("CnnPolicy", envs, n_steps=128, batch_size=256, n_epochs=4,  # 4 minibatches
+                    learning_rate=lambda f: 2.5e-4 * f, ent_coef=0.01,
+                    **{**ppo_common, "clip_range": 0.1, "clip_range_vf": 0.1})  # fmt: skip
+    elif env != "CartPole-v1":  # PPO's MuJoCo defaults, as rlstore's configs/ppo/mujoco.toml
         from stable_baselines3.common.vec_env import VecNormalize
 
         envs = VecNormalize(make_vec_env(env, n_envs=1, seed=seed), gamma=0.99)
@@ -169,6 +192,12 @@ def child_sb3(
     return {"sps": steps / seconds, "to_475_s": None if reach is None else reach - launch}
 
 
+def is_atari_id(env: str) -> bool:
+    from rlstore.config import FAMILIES
+
+    return bool(FAMILIES["atari"].match(env))
+
+
 def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> dict:
     """The PPO batch shape's floor: a raw env step (the vector env the run uses) and a
     policy forward."""
@@ -194,11 +223,20 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     envs = make_vec_env(env, num_envs, seed=0)
     envs.reset(seed=0)
     action = envs.action_space.sample() * 0
-    env_s = per_call(lambda: envs.step(action), n=2000)
-    net = actor_critic_for(envs.single_observation_space, envs.single_action_space).to(device)
-    obs = torch.zeros(num_envs, *envs.single_observation_space.shape, device=device)
-    with torch.inference_mode():  # the forward ends at the env boundary: actions on the host
-        forward_s = per_call(lambda: (net.actor(obs).cpu(), net.critic(obs)), n=2000)
+    env_s = per_call(lambda: envs.step(action), n=2000 if not is_atari_id(env) else 300)
+    space = envs.single_observation_space
+    net = actor_critic_for(space, envs.single_action_space).to(device)
+    obs = torch.zeros(num_envs, *space.shape, dtype=torch.uint8 if is_atari_id(env) else None,
+                      device=device)  # fmt: skip
+
+    def forward():  # the forward ends at the env boundary: actions on the host
+        if is_atari_id(env):  # the Nature CNN trunk is shared
+            hidden = net.trunk(obs)
+            return net.actor(hidden).cpu(), net.critic(hidden)
+        return net.actor(obs).cpu(), net.critic(obs)
+
+    with torch.inference_mode():
+        forward_s = per_call(forward, n=2000 if space.dtype != "uint8" else 200)
     # rlstore's collect loop alone, on the same shape
     import tempfile
 
@@ -214,7 +252,7 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
             collect_rollout(agent, storage, state, run)
             storage.after_update()
         start = time.perf_counter()
-        rollouts = max(2, 40 * 512 // cfg.rollout_size)
+        rollouts = max(2, 40 * 512 // cfg.rollout_size // (8 if is_atari_id(env) else 1))
         for _ in range(rollouts):
             collect_rollout(agent, storage, state, run)
             storage.after_update()

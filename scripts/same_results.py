@@ -25,6 +25,7 @@ RUNS = {
     "ppo-native-8": ["ppo", "--total-timesteps", "20480", "--num-envs", "8"],
     # (a continuous env without a preset: Pendulum-v1 has one since the Box2D/MuJoCo issue)
     "ppo-continuous": ["ppo", "--env", "MountainCarContinuous-v0", "--total-timesteps", "8192"],
+    "ppo-mujoco-normalized": ["ppo", "--env", "HalfCheetah-v4", "--total-timesteps", "4096"],
     "a2c": ["a2c", "--total-timesteps", "20000"],
     "dqn": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000"],
     "dqn-all-options": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000",

@@ -30,9 +30,11 @@ def ppo_loss(
     entropy: torch.Tensor,
     batch: RolloutBatch,
     cfg: PPOConfig,
+    diagnostics: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """The PPO loss and its diagnostics for one minibatch, from the current policy's outputs
-    and the batch's stored log-probs, values, advantages and returns.
+    """The PPO loss and (with `diagnostics`) the KL estimates and clip fraction for one
+    minibatch, from the current policy's outputs and the batch's stored log-probs, values,
+    advantages and returns.
 
     policy: mean of max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c));
     value:  0.5 * mean of max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2) when clipped.
@@ -51,29 +53,31 @@ def ppo_loss(
     value_loss = 0.5 * value_error.mean()
     entropy_mean = entropy.mean()
     loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
-    with torch.no_grad():
-        diagnostics = {
-            "losses/old_approx_kl": (-log_ratio).mean(),
-            "losses/approx_kl": ((ratio - 1) - log_ratio).mean(),
-            "losses/clipfrac": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
-        }
-    return {
+    losses = {
         "loss": loss,
         "losses/policy_loss": policy_loss.detach(),
         "losses/value_loss": value_loss.detach(),
         "losses/entropy": entropy_mean.detach(),
-        **diagnostics,
     }
+    if diagnostics:
+        with torch.no_grad():
+            losses["losses/old_approx_kl"] = (-log_ratio).mean()
+            losses["losses/approx_kl"] = ((ratio - 1) - log_ratio).mean()
+            losses["losses/clipfrac"] = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+    return losses
 
 
 def ppo_update(
     agent: ActorCritic, optimizer: torch.optim.Optimizer, storage: RolloutStorage, cfg: PPOConfig
 ) -> dict[str, torch.Tensor]:
-    """Epochs of minibatch gradient steps on the rollout; returns the last minibatch's losses."""
+    """Epochs of minibatch gradient steps on the rollout; returns the last minibatch's losses
+    (the KL estimates are computed for the last minibatch of each epoch only: the target-KL
+    check and the logs read nothing else)."""
+    last = cfg.num_minibatches - 1
     for _epoch in range(cfg.update_epochs):
-        for batch in storage.minibatches(cfg.num_minibatches):
+        for i, batch in enumerate(storage.minibatches(cfg.num_minibatches)):
             new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
-            losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg)
+            losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)

@@ -124,8 +124,18 @@ class RolloutStorage:
         self.valid = torch.zeros((T, N), dtype=torch.bool)
         self.prev_done = torch.zeros(N, dtype=torch.bool)
         self._valid, self._prev_done = self.valid.numpy(), self.prev_done.numpy()
+        # In host memory, insert writes through numpy views: a numpy assignment costs a
+        # fraction of a torch copy_ call, and the step loop makes seven of them.
+        self._views = (
+            {name: getattr(self, name).numpy() for name in self._INSERTED}
+            if self.device.type == "cpu"
+            else None
+        )
         self.step = 0
         self._returns_ready = False
+
+    _INSERTED = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated",
+                 "life_lost")  # fmt: skip
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -163,6 +173,11 @@ class RolloutStorage:
                 "before inserting the next rollout"
             )
         N = self.num_envs
+        if self._views is not None:
+            self._insert_on_host(
+                t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost
+            )
+            return
         # Check everything before writing anything: a bad input leaves the storage as it was.
         fields = (
             (self.obs[t + 1], checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)),
@@ -186,6 +201,36 @@ class RolloutStorage:
             self._lives = True
         elif self._lives:
             self.life_lost[t].zero_()
+        np.logical_not(self._prev_done, out=self._valid[t])
+        np.logical_or(term, trunc, out=self._prev_done)
+        self.step = t + 1
+        self._returns_ready = False
+
+    def _insert_on_host(
+        self, t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost
+    ) -> None:
+        """insert() for storage in host memory: the same checks, then numpy writes."""
+        N, views = self.num_envs, self._views
+        arrays = (
+            ("obs", t + 1, host_array(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)),
+            ("actions", t, host_array(action, "action", self.actions.shape[1:],
+                                      self.actions.dtype)),
+            ("log_probs", t, host_array(log_prob, "log_prob", (N,), torch.float32)),
+            ("values", t, host_array(value, "value", (N,), torch.float32)),
+            ("rewards", t, host_array(reward, "reward", (N,), torch.float32)),
+        )  # fmt: skip
+        term = host_array(terminated, "terminated", (N,), torch.bool)
+        trunc = host_array(truncated, "truncated", (N,), torch.bool)
+        lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
+        for name, row, array in arrays:
+            views[name][row] = array
+        views["terminated"][t] = term
+        views["truncated"][t] = trunc
+        if lives is not None:
+            views["life_lost"][t] = lives
+            self._lives = True
+        elif self._lives:
+            views["life_lost"][t] = False
         np.logical_not(self._prev_done, out=self._valid[t])
         np.logical_or(term, trunc, out=self._prev_done)
         self.step = t + 1
@@ -320,7 +365,7 @@ def host_array(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) 
     if x.shape != shape:
         raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
     if not _numpy_fits(x.dtype, dtype):
-        raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
+        raise TypeError(f"{name} has dtype {_torch_dtype(x.dtype)}, expected {dtype}")
     return x
 
 
