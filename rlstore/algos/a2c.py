@@ -17,6 +17,7 @@ from rlstore.algos.common import (
     compute_returns,
     explained_variance,
     linear_schedule,
+    optimizer_params,
 )
 from rlstore.config import A2CConfig
 from rlstore.run import Run, TrainResult
@@ -79,7 +80,7 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
             losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
             optimizer.zero_grad(set_to_none=True)
             losses.pop("loss").backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+            nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
             optimizer.step()
 
             # -- log -----------------------------------------------------------------------

@@ -21,6 +21,12 @@ def linear_schedule(start: float, end: float, duration: int, t: int) -> float:
     return start + max(t, 0) / duration * (end - start)
 
 
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters, in the order the module gave them: what gradient clipping
+    needs, without walking the module tree (Module.parameters() does, at every call)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """1 - Var(target - predicted) / Var(target); NaN when the target is constant."""
     var_target = target.var()

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlstore.algos.common import linear_schedule
+from rlstore.algos.common import linear_schedule, optimizer_params
 from rlstore.config import DQNConfig
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.fast import GreedyActor
@@ -88,7 +88,7 @@ def gradient_step(
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if cfg.max_grad_norm is not None:
-        nn.utils.clip_grad_norm_(q_network.parameters(), cfg.max_grad_norm, foreach=True)
+        nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
     optimizer.step()
     if cfg.prioritized:
         buffer.update_priorities(batch.indices, td_error)

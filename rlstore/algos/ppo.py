@@ -17,6 +17,7 @@ from rlstore.algos.common import (
     compute_returns,
     explained_variance,
     linear_schedule,
+    optimizer_params,
 )
 from rlstore.config import PPOConfig
 from rlstore.networks import ActorCritic
@@ -80,7 +81,7 @@ def ppo_update(
             losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+            nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
             optimizer.step()
         if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
             break
