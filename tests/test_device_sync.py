@@ -61,6 +61,8 @@ def allowed_sync():
 class NoOptimizer:
     """Stands in for an optimizer on meta tensors, which torch's optimizers refuse."""
 
+    param_groups: list = []
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass
 
