@@ -169,6 +169,7 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
         self.terminations = np.zeros(self.num_envs, dtype=bool)
         self.truncations = np.zeros(self.num_envs, dtype=bool)
         self.autoreset = np.zeros(self.num_envs, dtype=bool)  # the next step is a pseudo-step
+        self._discrete = isinstance(self.single_action_space, gym.spaces.Discrete)
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
@@ -191,6 +192,8 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         infos: dict[str, Any] = {}
+        if self._discrete:  # Python ints: Discrete.contains (each step's assert) is faster
+            actions = np.asarray(actions).tolist()
         for i, (action, env) in enumerate(zip(actions, self.envs, strict=True)):
             if self.autoreset[i]:  # the pseudo-step: reset, reward 0, no flags
                 self.observations[i], info = env.reset()
