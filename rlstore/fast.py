@@ -9,12 +9,14 @@ The networks, storage and algorithms read as the reference math and call these:
   formulas instead of torch.distributions objects;
 - GreedyActor: DQN's argmax Q for host observations, in numpy when the network is on
   the CPU (one tiny forward per env step, where torch's dispatch costs most);
+- HostActorCritic: PPO's and A2C's act() likewise, with sampling from numpy's RNG;
 - LeanSyncVectorEnv: envs stepped in turn into preallocated arrays (Gymnasium's generic
   SyncVectorEnv spends more per step on space dispatch and copies than CartPole itself);
 - flush_denormals: DQN's Adam moments of dead ReLU units decay into denormal floats,
   where CPU arithmetic is several times slower.
 
-Each does the same arithmetic, in the same order, as the plain version it replaces.
+Each does the same arithmetic, in the same order, as the plain version it replaces,
+except HostActorCritic: numpy's float32 kernels and RNG instead of torch's.
 """
 
 from __future__ import annotations
@@ -92,28 +94,23 @@ def sample_gaussian(mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Te
     return action, (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(-1)
 
 
-class GreedyActor:
-    """argmax_a of a Q-network's advantage head for a batch of host observations, as an
-    int64 numpy array (with a dueling head V(s) and the mean advantage are the same for
-    every action, so this is the argmax of Q).
-
-    `path` is the runner from the input to the advantage head. With its parameters in
-    host memory the forward runs in numpy on views of them (the optimizer and
-    load_state_dict update them in place; new parameters or new storage are noticed and
-    viewed again); on any other device, or with `use_numpy=False`, it runs in torch.
-    """
+class HostViews:
+    """numpy views (W^T, b) of the parameters of a SequentialRunner's Linear layers, when
+    they lie in host memory; taken again when the parameters are replaced or their storage
+    moves (the optimizer and load_state_dict update them in place: the views follow)."""
 
     def __init__(self, path: SequentialRunner, use_numpy: bool = True) -> None:
         self.path, self.use_numpy = path, use_numpy
-        self._weight: torch.Tensor | None = None  # the first weight when the views were taken
+        self.weight: torch.Tensor | None = None  # the first weight when the views were taken
         self._pointer = 0  # and where its data lay (`.to(dtype)` keeps the tensor, not the data)
         self._views: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def _numpy_views(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    def __call__(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The views, or [] when the parameters are not in host memory."""
         params = self.path.parameters()
         weight = params[0][0]
-        if weight is not self._weight or weight.data_ptr() != self._pointer:
-            self._weight, self._pointer = weight, weight.data_ptr()
+        if weight is not self.weight or weight.data_ptr() != self._pointer:
+            self.weight, self._pointer = weight, weight.data_ptr()
             on_host = weight.device.type == "cpu"
             self._views = (
                 [(w.detach().numpy().T, b.detach().numpy()) for w, b in params]
@@ -122,20 +119,80 @@ class GreedyActor:
             )
         return self._views
 
+
+def numpy_mlp(x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]], tanh: bool) -> np.ndarray:
+    """The MLP of `views` on a float32 batch, Tanh or ReLU between the layers."""
+    for weight, bias in views[:-1]:
+        x = x @ weight
+        x += bias
+        if tanh:
+            np.tanh(x, out=x)
+        else:
+            np.maximum(x, 0.0, out=x)
+    weight, bias = views[-1]
+    return x @ weight + bias
+
+
+class GreedyActor:
+    """argmax_a of a Q-network's advantage head for a batch of host observations, as an
+    int64 numpy array (with a dueling head V(s) and the mean advantage are the same for
+    every action, so this is the argmax of Q).
+
+    `path` is the runner from the input to the advantage head. With its parameters in
+    host memory the forward runs in numpy on views of them (HostViews); on any other
+    device, or with `use_numpy=False`, it runs in torch.
+    """
+
+    def __init__(self, path: SequentialRunner, use_numpy: bool = True) -> None:
+        self.path, self.views = path, HostViews(path, use_numpy)
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        views = self._numpy_views()
+        views = self.views()
         if not views:
             with torch.inference_mode():
-                x = torch.as_tensor(obs, device=self._weight.device)
+                x = torch.as_tensor(obs, device=self.views.weight.device)
                 x = self.path(x.reshape(x.shape[0], -1).float())
                 return x.argmax(-1).cpu().numpy()
         x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        for weight, bias in views[:-1]:
-            x = x @ weight
-            x += bias
-            np.maximum(x, 0.0, out=x)
-        weight, bias = views[-1]
-        return (x @ weight + bias).argmax(-1)
+        return numpy_mlp(x, views, tanh=False).argmax(-1)
+
+
+class HostActorCritic:
+    """ActorCritic.act for a batch of host observations, in numpy on views of the live
+    parameters (HostViews): (action, log-prob, value) as numpy arrays. Sampling uses the
+    formulas of sample_categorical and sample_gaussian, with numpy's global RNG (seeded by
+    the run and kept in its checkpoints). For the small MLPs of classic and continuous
+    control one torch call costs more than its arithmetic: numpy's calls cost less.
+    Returns None when the parameters are not in host memory (the caller then uses torch).
+    """
+
+    def __init__(
+        self, actor: SequentialRunner, critic: SequentialRunner, log_std: torch.Tensor | None
+    ) -> None:
+        if any(act is not torch.tanh for act in actor.activations + critic.activations):
+            raise ValueError("HostActorCritic runs Tanh MLPs (ActorCritic's)")
+        self.actor, self.critic, self.log_std = HostViews(actor), HostViews(critic), log_std
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        actor, critic = self.actor(), self.critic()
+        if not actor or not critic:
+            return None
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        out = numpy_mlp(x, actor, tanh=True)
+        value = numpy_mlp(x, critic, tanh=True)[:, 0]
+        if self.log_std is None:  # inverse CDF of the softmax, as sample_categorical
+            shifted = out - out.max(-1, keepdims=True)
+            log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+            u = np.random.random((len(x), 1)).astype(np.float32)
+            action = (np.exp(log_probs).cumsum(-1) < u).sum(-1)
+            np.minimum(action, out.shape[-1] - 1, out=action)  # u above a rounded-down total
+            log_prob = np.take_along_axis(log_probs, action[:, None], -1)[:, 0]
+            return action, log_prob, value
+        log_std = self.log_std.detach().numpy()
+        noise = np.random.standard_normal(out.shape).astype(np.float32)
+        action = out + np.exp(log_std) * noise
+        log_prob = (-0.5 * np.square(noise) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
+        return action, log_prob.astype(np.float32), value
 
 
 class LeanSyncVectorEnv(gym.vector.VectorEnv):

@@ -9,7 +9,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlstore.fast import LOG_SQRT_2PI, SequentialRunner, sample_categorical, sample_gaussian
+from rlstore.fast import (
+    LOG_SQRT_2PI,
+    HostActorCritic,
+    SequentialRunner,
+    sample_categorical,
+    sample_gaussian,
+)
 
 
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
@@ -55,6 +61,9 @@ class ActorCritic(nn.Module):
             SequentialRunner(self.actor),
             SequentialRunner(self.critic),
         )
+        self.act_on_host = HostActorCritic(
+            self.actor_path, self.critic_path, self.actor_logstd if continuous else None
+        )  # act() in numpy for host observations, while the parameters are in host memory
 
     @staticmethod
     def _features(obs: torch.Tensor) -> torch.Tensor:

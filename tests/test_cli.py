@@ -225,9 +225,12 @@ def test_mujoco_ids_get_the_published_continuous_control_defaults(env_id):
 
 
 def test_box2d_presets_name_their_source():
-    for name in ("ppo/LunarLander-v3", "a2c/LunarLander-v3", "dqn/LunarLander-v3",
-                 "ppo/BipedalWalker-v3", "ppo/Pendulum-v1"):  # fmt: skip
+    for name in ("ppo/LunarLander-v3", "dqn/LunarLander-v3", "ppo/BipedalWalker-v3",
+                 "ppo/Pendulum-v1"):  # fmt: skip
         text = (config.PRESET_DIR / f"{name}.toml").read_text()
         assert "RL Baselines3 Zoo" in text and "hyperparams/" in text
+    # A2C's zoo values did not learn LunarLander-v3: the preset says so and whose it is
+    text = (config.PRESET_DIR / "a2c/LunarLander-v3.toml").read_text()
+    assert "RL Baselines3 Zoo" in text and "values are rlstore's" in text
     cfg, _ = config.resolve("dqn", "LunarLander-v3")
     assert cfg.q_hidden == (256, 256) and cfg.loss == "huber"

@@ -14,7 +14,7 @@ from rlstore.fast import (
     sample_categorical,
     sample_gaussian,
 )
-from rlstore.networks import QNetwork, mlp
+from rlstore.networks import ActorCritic, QNetwork, mlp
 
 
 def test_sequential_runner_is_the_sequential_bit_for_bit():
@@ -52,6 +52,41 @@ def test_sample_gaussian_log_prob_is_the_normals():
     torch.testing.assert_close(log_prob, expected)
     z = (action - mean) / log_std.exp()
     assert abs(float(z.mean())) < 0.05 and abs(float(z.std()) - 1) < 0.05
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_host_actor_critic_acts_as_the_torch_policy(continuous):
+    """act_on_host: the torch policy's values and log-probs (to float32 rounding) for the
+    actions it samples, samples that follow the policy, the live parameters after an
+    optimizer step, and the same actions again from the same numpy seed."""
+    torch.manual_seed(3)
+    agent = ActorCritic(6, 3, continuous=continuous)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.05)
+    obs = np.random.default_rng(0).normal(size=(4000, 6)).astype(np.float32)
+    for _ in range(2):  # before and after an optimizer step
+        np.random.seed(5)
+        action, log_prob, value = agent.act_on_host(obs)
+        assert action.dtype == (np.float32 if continuous else np.int64)
+        assert log_prob.dtype == value.dtype == np.float32
+        with torch.no_grad():
+            expected_lp, _, expected_v = agent.evaluate(torch.from_numpy(obs),
+                                                        torch.from_numpy(action))  # fmt: skip
+        torch.testing.assert_close(torch.from_numpy(log_prob), expected_lp, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(value), expected_v, rtol=1e-5, atol=1e-5)
+        np.random.seed(5)
+        again = agent.act_on_host(obs)[0]
+        np.testing.assert_array_equal(again, action)
+        if not continuous:  # frequencies follow the mean probabilities over the batch
+            with torch.no_grad():
+                probs = agent.actor_path(torch.from_numpy(obs)).softmax(-1).mean(0).numpy()
+            freq = np.bincount(action, minlength=3) / len(action)
+            np.testing.assert_allclose(freq, probs, atol=0.02)
+        agent.evaluate(torch.from_numpy(obs[:64]), torch.from_numpy(action[:64]))[
+            0
+        ].sum().backward()
+        optimizer.step()
+    agent.to("meta")  # parameters not in host memory: the caller falls back to torch
+    assert agent.act_on_host(obs) is None
 
 
 class InfoEnv(gym.Env):

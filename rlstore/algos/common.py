@@ -81,10 +81,17 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
     reward_scale = state.parts.get("reward_scaler")
     sign_rewards = run.cfg.sign_rewards
     space = envs.single_action_space
+    act_on_host = getattr(agent, "act_on_host", None)  # numpy, for MLPs in host memory
     for _ in range(storage.num_steps):
-        with torch.inference_mode():
-            action, log_prob, value = agent.act(storage.current_obs)
-        env_action = action.cpu().numpy()  # the env boundary: the one device -> host copy
+        host_obs = storage.current_obs_on_host
+        acted = act_on_host(host_obs) if act_on_host and host_obs is not None else None
+        if acted is not None:
+            action, log_prob, value = acted
+            env_action = action
+        else:
+            with torch.inference_mode():
+                action, log_prob, value = agent.act(storage.current_obs)
+            env_action = action.cpu().numpy()  # the env boundary: the one device -> host copy
         if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
             env_action = np.clip(env_action, space.low, space.high)
         next_obs, reward, terminated, truncated, _ = envs.step(env_action)

@@ -144,6 +144,11 @@ class RolloutStorage:
         """The observation the next action is taken at (a view into the storage)."""
         return self.obs[self.step]
 
+    @property
+    def current_obs_on_host(self) -> np.ndarray | None:
+        """current_obs as a numpy view, when the storage is in host memory (else None)."""
+        return None if self._views is None else self._views["obs"][self.step]
+
     def reset(self, obs: Array | None = None) -> None:
         """Forget the rollout and any episode in progress; optionally set the first observation."""
         self.step = 0
