@@ -195,6 +195,178 @@ class HostActorCritic:
         return action, log_prob.astype(np.float32), value
 
 
+class HostPPOStep:
+    """One PPO minibatch step in numpy, for an ActorCritic whose parameters are in host
+    memory and a torch Adam optimizer: the loss of algos/ppo.py's ppo_loss with its
+    gradient written out by hand (backpropagation through the two Tanh MLPs), gradient
+    clipping as clip_grad_norm_, and Adam's update applied to the parameters and to the
+    optimizer's own state through numpy views (so checkpoints and the torch path see the
+    same optimizer). For these small MLPs a step is ~40 torch calls and an autograd graph;
+    numpy's calls cost a fraction. float32 throughout: equal to the torch step to rounding.
+    """
+
+    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.agent, self.optimizer = agent, optimizer
+        self.actor, self.critic = HostViews(agent.actor_path), HostViews(agent.critic_path)
+
+    @staticmethod
+    def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        """An ActorCritic in host memory, a plain Adam (one group, no weight decay)."""
+        group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
+        return (
+            isinstance(optimizer, torch.optim.Adam)
+            and hasattr(agent, "act_on_host")
+            and group is not None
+            and not group["weight_decay"]
+            and not group["amsgrad"]
+            and not group["maximize"]
+            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in group["params"])
+        )
+
+    def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
+        actor, critic = self.actor(), self.critic()
+        obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
+        B = len(obs)
+        advantages = batch.advantages.numpy()
+        if cfg.norm_adv and B > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+        old_log_prob, old_value = batch.log_probs.numpy(), batch.values.numpy()
+        returns = batch.returns.numpy()
+
+        # -- forward ------------------------------------------------------------------
+        actor_acts, out = _forward(obs, actor)
+        critic_acts, value = _forward(obs, critic)
+        value = value[:, 0]
+        log_std = None
+        if self.agent.continuous:
+            log_std = self.agent.actor_logstd.detach().numpy()[0]
+            actions = batch.actions.numpy()
+            std = np.exp(log_std)
+            z = (actions - out) / std
+            log_prob = (-0.5 * np.square(z) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
+            entropy = np.full(B, (0.5 + LOG_SQRT_2PI + log_std).sum(), dtype=np.float32)
+        else:
+            actions = batch.actions.numpy().astype(np.int64)
+            shifted = out - out.max(-1, keepdims=True)
+            log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+            probs = np.exp(log_probs)
+            log_prob = np.take_along_axis(log_probs, actions[:, None], -1)[:, 0]
+            entropy = -(probs * log_probs).sum(-1)
+        log_ratio = log_prob - old_log_prob
+        ratio = np.exp(log_ratio)
+        clip = cfg.clip_coef
+        unclipped, clipped = -advantages * ratio, -advantages * np.clip(ratio, 1 - clip, 1 + clip)
+        policy_loss = np.maximum(unclipped, clipped).mean()
+        error = value - returns
+        if cfg.clip_vloss:
+            delta = value - old_value
+            clipped_error = old_value + np.clip(delta, -clip, clip) - returns
+            value_loss = 0.5 * np.maximum(np.square(error), np.square(clipped_error)).mean()
+        else:
+            value_loss = 0.5 * np.square(error).mean()
+        entropy_mean = entropy.mean()
+
+        # -- backward: d loss / d outputs, then through the MLPs ------------------------
+        # max(a, b) passes the gradient to the larger (half to each on a tie, as torch);
+        # clip passes it inside its range, bounds included.
+        inside = (ratio >= 1 - clip) & (ratio <= 1 + clip)
+        d_ratio = (
+            -advantages
+            / B
+            * (
+                np.where(unclipped > clipped, 1.0, np.where(unclipped == clipped, 0.5, 0.0))
+                + np.where(clipped > unclipped, 1.0, np.where(unclipped == clipped, 0.5, 0.0))
+                * inside
+            )
+        )
+        d_log_prob = (d_ratio * ratio).astype(np.float32)
+        scale = cfg.vf_coef * 0.5 / B
+        if cfg.clip_vloss:
+            e1, e2 = np.square(error), np.square(clipped_error)
+            w1 = np.where(e1 > e2, 1.0, np.where(e1 == e2, 0.5, 0.0))
+            w2 = (1.0 - w1) * (np.abs(delta) <= clip)
+            d_value = scale * (w1 * 2 * error + w2 * 2 * clipped_error)
+        else:
+            d_value = scale * 2 * error
+        d_value = d_value.astype(np.float32)[:, None]
+        grads = {}
+        if self.agent.continuous:
+            d_out = d_log_prob[:, None] * z / std
+            d_log_std = (d_log_prob[:, None] * (np.square(z) - 1)).sum(0)
+            d_log_std -= cfg.ent_coef  # d(-ent_coef * mean entropy) / d log_std
+            grads[self.agent.actor_logstd] = d_log_std[None].astype(np.float32)
+        else:
+            one_hot = np.zeros_like(probs)
+            np.put_along_axis(one_hot, actions[:, None], 1.0, -1)
+            d_out = d_log_prob[:, None] * (one_hot - probs)
+            # d entropy / d logits = -p (log p + H); the loss has -ent_coef * mean(H)
+            d_out += cfg.ent_coef / B * probs * (log_probs + entropy[:, None])
+        _backward(obs, actor_acts, actor, d_out.astype(np.float32), self.agent.actor_path, grads)
+        _backward(obs, critic_acts, critic, d_value, self.agent.critic_path, grads)
+        self._clip_and_step(grads, cfg.max_grad_norm)
+
+        loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
+        losses = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
+                  "losses/entropy": entropy_mean, "loss": loss}  # fmt: skip
+        if diagnostics:
+            losses["losses/old_approx_kl"] = (-log_ratio).mean()
+            losses["losses/approx_kl"] = ((ratio - 1) - log_ratio).mean()
+            losses["losses/clipfrac"] = (np.abs(ratio - 1) > clip).astype(np.float32).mean()
+        return {k: torch.tensor(float(v)) for k, v in losses.items()}
+
+    def _clip_and_step(self, grads: dict[torch.Tensor, np.ndarray], max_norm: float) -> None:
+        """clip_grad_norm_(max_norm), then torch's Adam arithmetic, in place."""
+        group = self.optimizer.param_groups[0]
+        params = group["params"]
+        g = [grads[p] for p in params]
+        total = np.sqrt(sum(float(np.square(x, dtype=np.float64).sum()) for x in g))
+        coef = min(max_norm / (total + 1e-6), 1.0)
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        for param, grad in zip(params, g, strict=True):
+            state = self.optimizer.state[param]
+            if not state:  # as torch's Adam initializes it
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["step"] += 1
+            step = float(state["step"])
+            m, v, p = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy(), param.detach().numpy()
+            grad = grad.reshape(p.shape) * np.float32(coef) if coef < 1.0 else grad.reshape(p.shape)
+            m *= beta1
+            m += (1 - beta1) * grad
+            v *= beta2
+            v += (1 - beta2) * np.square(grad)
+            bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+            denom = np.sqrt(v) / np.float32(math.sqrt(bias2)) + np.float32(eps)
+            p -= np.float32(lr / bias1) * m / denom
+
+
+def _forward(
+    x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """A Tanh MLP's output and its hidden activations (for _backward)."""
+    hidden = []
+    for weight, bias in views[:-1]:
+        x = np.tanh(x @ weight + bias)
+        hidden.append(x)
+    weight, bias = views[-1]
+    return hidden, x @ weight + bias
+
+
+def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict) -> None:
+    """Gradients of a Tanh MLP's weights and biases from d loss / d output, into `grads`
+    keyed by the torch parameters (weights as (out, in), as torch holds them)."""
+    inputs = [x, *hidden]
+    params = path.parameters()
+    for layer in range(len(views) - 1, -1, -1):
+        weight_t, _ = views[layer]
+        torch_weight, torch_bias = params[layer]
+        grads[torch_weight] = (inputs[layer].T @ d_out).T
+        grads[torch_bias] = d_out.sum(0)
+        if layer:
+            d_out = (d_out @ weight_t.T) * (1 - np.square(inputs[layer]))
+
+
 class LeanSyncVectorEnv(gym.vector.VectorEnv):
     """Envs stepped one after the other in this process, NEXT_STEP autoreset, for Box
     observations: the results of Gymnasium's SyncVectorEnv, step for step, written into

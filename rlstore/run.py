@@ -29,6 +29,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from rlstore.checkpoint import (
     checkpoint_files,
@@ -245,7 +246,11 @@ class Run:
         check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
-        torch.set_num_threads(1 if cfg.torch_threads == "auto" else cfg.torch_threads)
+        threads = 1 if cfg.torch_threads == "auto" else cfg.torch_threads
+        torch.set_num_threads(threads)
+        # numpy's BLAS too (the numpy fast paths): its threads would spin on shared cores
+        # just as torch's do; given back in close()
+        self._blas_threads = threadpool_limits(threads, user_api="blas")
         seed_everything(cfg.seed)
         self.cfg, self.algo, self.preset, self.resume_dir = cfg, algo, preset, resume_dir
         self.global_step = 0
@@ -443,6 +448,7 @@ class Run:
         """Flush and close the event file, give the signals back, stop flushing denormals
         (back to the default); safe to call again."""
         flush_denormals(False)
+        self._blas_threads.restore_original_limits()
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -164,17 +164,26 @@ def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatc
 
 def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
     import torch
+    from threadpoolctl import threadpool_info
 
     from rlstore.algos import dqn
 
-    seen = []
+    def blas_threads():
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    seen, seen_blas, before = [], [], blas_threads()
     for threads in ("auto", 2):
         torch.set_num_threads(3)
         cfg = config.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
                                logdir=logdir, progress=False, track_tensorboard=False)  # fmt: skip
-        dqn.train(cfg, on_step=lambda _: seen.append(torch.get_num_threads()))
-        assert set(seen) == {1 if threads == "auto" else 2}
+        dqn.train(cfg, on_step=lambda _: (seen.append(torch.get_num_threads()),
+                                          seen_blas.append(blas_threads())))  # fmt: skip
+        want = 1 if threads == "auto" else 2
+        assert set(seen) == {want}
+        assert all(pools == {want} for pools in seen_blas)  # numpy's BLAS follows torch
+        assert blas_threads() == before  # and is given back when the run ends
         seen.clear()
+        seen_blas.clear()
     torch.set_num_threads(1)
     _, cfg, _ = parse_train(["ppo", "--torch-threads", "4"])
     assert cfg.torch_threads == 4

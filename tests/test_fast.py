@@ -220,3 +220,59 @@ def test_lean_sync_vector_env_partial_reset_as_gymnasiums():
         action = rng.integers(0, 2, 3)
         for a, b in zip(ours.step(action), theirs.step(action), strict=True):
             np.testing.assert_equal(a, b)
+
+
+def ppo_minibatch(continuous, rng, B=96, obs_dim=5, action_dim=3):
+    """A minibatch whose stored log-probs and values are perturbed, so that some ratios and
+    values fall outside the clip range and every branch of the loss is taken."""
+    from rlstore.storage import RolloutBatch
+
+    obs = torch.from_numpy(rng.normal(size=(B, obs_dim)).astype(np.float32))
+    if continuous:
+        actions = torch.from_numpy(rng.normal(size=(B, action_dim)).astype(np.float32))
+    else:
+        actions = torch.from_numpy(rng.integers(0, action_dim, B))
+    noise = lambda scale: torch.from_numpy((rng.normal(size=B) * scale).astype(np.float32))  # noqa: E731
+    return RolloutBatch(obs, actions, noise(0.3) - 1.2, noise(1.0), noise(1.0), noise(2.0))
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("clip_vloss, norm_adv, max_grad_norm", [
+    (True, True, 0.5), (False, False, 0.5), (True, True, 100.0)])  # fmt: skip
+def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_grad_norm):
+    """Three minibatch steps: parameters, Adam's state and the losses equal those of the
+    torch path (ppo_loss, backward, clip_grad_norm_, fused Adam) to float32 rounding."""
+    import copy
+
+    from rlstore.algos.ppo import ppo_loss
+    from rlstore.config import PPOConfig
+    from rlstore.fast import HostPPOStep
+
+    cfg = PPOConfig(clip_vloss=clip_vloss, norm_adv=norm_adv, max_grad_norm=max_grad_norm,
+                    ent_coef=0.05, clip_coef=0.2)  # fmt: skip
+    torch.manual_seed(4)
+    agent = ActorCritic(5, 3, continuous=continuous)
+    twin = copy.deepcopy(agent)
+    opt = torch.optim.Adam(agent.parameters(), lr=3e-3, eps=1e-5, fused=True)
+    twin_opt = torch.optim.Adam(twin.parameters(), lr=3e-3, eps=1e-5, fused=True)
+    assert HostPPOStep.supports(twin, twin_opt)
+    fast = HostPPOStep(twin, twin_opt)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        batch = ppo_minibatch(continuous, rng)
+        log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions)
+        expected = ppo_loss(log_prob, value, entropy, batch, cfg)
+        opt.zero_grad()
+        expected["loss"].backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+        opt.step()
+        got = fast(batch, cfg)
+        assert got.keys() == expected.keys()
+        for key in got:
+            torch.testing.assert_close(got[key], expected[key].detach(), rtol=1e-4, atol=1e-5)
+        for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
+            for name in ("exp_avg", "exp_avg_sq", "step"):
+                torch.testing.assert_close(twin_opt.state[q][name], opt.state[p][name],
+                                           rtol=1e-3, atol=1e-7)  # fmt: skip
+    assert not HostPPOStep.supports(agent, torch.optim.SGD(agent.parameters(), lr=0.1))

@@ -20,6 +20,7 @@ from rlstore.algos.common import (
     optimizer_params,
 )
 from rlstore.config import PPOConfig
+from rlstore.fast import HostPPOStep
 from rlstore.networks import ActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
@@ -75,8 +76,13 @@ def ppo_update(
     (the KL estimates are computed for the last minibatch of each epoch only: the target-KL
     check and the logs read nothing else)."""
     last = cfg.num_minibatches - 1
+    # The same step in numpy, for small MLPs in host memory (rlstore/fast.py)
+    fast_step = HostPPOStep(agent, optimizer) if HostPPOStep.supports(agent, optimizer) else None
     for _epoch in range(cfg.update_epochs):
         for i, batch in enumerate(storage.minibatches(cfg.num_minibatches)):
+            if fast_step is not None:
+                losses = fast_step(batch, cfg, diagnostics=i == last)
+                continue
             new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
             losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
