@@ -211,17 +211,8 @@ class HostPPOStep:
 
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-        """An ActorCritic in host memory, a plain Adam (one group, no weight decay)."""
-        group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
-        return (
-            isinstance(optimizer, torch.optim.Adam)
-            and hasattr(agent, "act_on_host")
-            and group is not None
-            and not group["weight_decay"]
-            and not group["amsgrad"]
-            and not group["maximize"]
-            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in group["params"])
-        )
+        """An ActorCritic in host memory and a plain Adam (adam_in_host_memory)."""
+        return hasattr(agent, "act_on_host") and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
         actor, critic = self.actor(), self.critic()
@@ -303,7 +294,7 @@ class HostPPOStep:
             d_out += cfg.ent_coef / B * probs * (log_probs + entropy[:, None])
         _backward(obs, actor_acts, actor, d_out.astype(np.float32), self.agent.actor_path, grads)
         _backward(obs, critic_acts, critic, d_value, self.agent.critic_path, grads)
-        self._clip_and_step(grads, cfg.max_grad_norm)
+        _clip_and_adam_step(self.optimizer, grads, cfg.max_grad_norm)
 
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
         losses = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
@@ -314,48 +305,23 @@ class HostPPOStep:
             losses["losses/clipfrac"] = (np.abs(ratio - 1) > clip).astype(np.float32).mean()
         return {k: torch.tensor(float(v)) for k, v in losses.items()}
 
-    def _clip_and_step(self, grads: dict[torch.Tensor, np.ndarray], max_norm: float) -> None:
-        """clip_grad_norm_(max_norm), then torch's Adam arithmetic, in place."""
-        group = self.optimizer.param_groups[0]
-        params = group["params"]
-        g = [grads[p] for p in params]
-        total = np.sqrt(sum(float(np.square(x, dtype=np.float64).sum()) for x in g))
-        coef = min(max_norm / (total + 1e-6), 1.0)
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-        for param, grad in zip(params, g, strict=True):
-            state = self.optimizer.state[param]
-            if not state:  # as torch's Adam initializes it
-                state["step"] = torch.tensor(0.0)
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["step"] += 1
-            step = float(state["step"])
-            m, v, p = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy(), param.detach().numpy()
-            grad = grad.reshape(p.shape) * np.float32(coef) if coef < 1.0 else grad.reshape(p.shape)
-            m *= beta1
-            m += (1 - beta1) * grad
-            v *= beta2
-            v += (1 - beta2) * np.square(grad)
-            bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-            denom = np.sqrt(v) / np.float32(math.sqrt(bias2)) + np.float32(eps)
-            p -= np.float32(lr / bias1) * m / denom
-
 
 def _forward(
-    x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]]
+    x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]], tanh: bool = True
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """A Tanh MLP's output and its hidden activations (for _backward)."""
+    """An MLP's output and its hidden activations (for _backward)."""
     hidden = []
     for weight, bias in views[:-1]:
-        x = np.tanh(x @ weight + bias)
+        x = x @ weight + bias
+        x = np.tanh(x, out=x) if tanh else np.maximum(x, 0.0, out=x)
         hidden.append(x)
     weight, bias = views[-1]
     return hidden, x @ weight + bias
 
 
-def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict) -> None:
-    """Gradients of a Tanh MLP's weights and biases from d loss / d output, into `grads`
-    keyed by the torch parameters (weights as (out, in), as torch holds them)."""
+def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict, tanh=True) -> None:
+    """Gradients of an MLP's weights and biases from d loss / d output, into `grads` keyed
+    by the torch parameters (weights as (out, in), as torch holds them)."""
     inputs = [x, *hidden]
     params = path.parameters()
     for layer in range(len(views) - 1, -1, -1):
@@ -364,7 +330,104 @@ def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict) -> N
         grads[torch_weight] = (inputs[layer].T @ d_out).T
         grads[torch_bias] = d_out.sum(0)
         if layer:
-            d_out = (d_out @ weight_t.T) * (1 - np.square(inputs[layer]))
+            d_in = d_out @ weight_t.T
+            d_out = d_in * (1 - np.square(inputs[layer])) if tanh else d_in * (inputs[layer] > 0)
+
+
+def _clip_and_adam_step(
+    optimizer: torch.optim.Optimizer, grads: dict, max_norm: float | None
+) -> None:
+    """clip_grad_norm_(max_norm) (None: no clipping), then torch's Adam arithmetic on the
+    parameters and the optimizer's state, in place through numpy views."""
+    group = optimizer.param_groups[0]
+    params = group["params"]
+    g = [grads[p] for p in params]
+    coef = 1.0
+    if max_norm is not None:
+        total = np.sqrt(sum(float(np.square(x, dtype=np.float64).sum()) for x in g))
+        coef = min(max_norm / (total + 1e-6), 1.0)
+    lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+    for param, grad in zip(params, g, strict=True):
+        state = optimizer.state[param]
+        if not state:  # as torch's Adam initializes it
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["step"] += 1
+        step = float(state["step"])
+        m, v, p = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy(), param.detach().numpy()
+        grad = grad.reshape(p.shape) * np.float32(coef) if coef < 1.0 else grad.reshape(p.shape)
+        m *= beta1
+        m += (1 - beta1) * grad
+        v *= beta2
+        v += (1 - beta2) * np.square(grad)
+        bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+        denom = np.sqrt(v) / np.float32(math.sqrt(bias2)) + np.float32(eps)
+        p -= np.float32(lr / bias1) * m / denom
+
+
+def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
+    """A plain Adam (one group, no weight decay, amsgrad or maximize) over float32
+    parameters in host memory: what _clip_and_adam_step reproduces."""
+    group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
+    return (
+        isinstance(optimizer, torch.optim.Adam)
+        and group is not None
+        and not group["weight_decay"]
+        and not group["amsgrad"]
+        and not group["maximize"]
+        and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in group["params"])
+    )
+
+
+class HostDQNStep:
+    """One DQN gradient step in numpy, for a Q-network MLP without a dueling head in host
+    memory and a torch Adam: algos/dqn.py's td_loss (Double DQN, MSE or Huber, PER
+    weights) with its gradient by hand, then clipping and Adam as HostPPOStep. Returns
+    (loss, TD errors, Q(s, a)) as td_loss does."""
+
+    def __init__(self, q_network: nn.Module, target_network: nn.Module, optimizer) -> None:
+        self.q_path = q_network.advantage_path
+        self.online, self.target = HostViews(self.q_path), HostViews(target_network.advantage_path)
+        self.optimizer = optimizer
+
+    @staticmethod
+    def supports(q_network: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        mlp_without_dueling = hasattr(q_network, "advantage_path") and not q_network.dueling
+        return mlp_without_dueling and adam_in_host_memory(optimizer)
+
+    def __call__(self, batch: Any, cfg: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        online, target = self.online(), self.target()
+        obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
+        next_obs = batch.next_obs.numpy().reshape(len(obs), -1).astype(np.float32, copy=False)
+        B, actions = len(obs), batch.actions.numpy().astype(np.int64)
+        next_q = _forward(next_obs, target, tanh=False)[1]
+        if cfg.double_dqn:
+            next_action = _forward(next_obs, online, tanh=False)[1].argmax(-1)
+            next_value = np.take_along_axis(next_q, next_action[:, None], -1)[:, 0]
+        else:
+            next_value = next_q.max(-1)
+        next_value[batch.terminated.numpy()] = 0.0
+        td_target = batch.rewards.numpy() + batch.discounts.numpy() * next_value
+        hidden, q = _forward(obs, online, tanh=False)
+        q_value = np.take_along_axis(q, actions[:, None], -1)[:, 0]
+        error = q_value - td_target
+        if cfg.loss == "huber":  # smooth L1 with beta 1
+            small = np.abs(error) < 1.0
+            elementwise = np.where(small, 0.5 * np.square(error), np.abs(error) - 0.5)
+            d_q = np.where(small, error, np.sign(error))
+        else:
+            elementwise, d_q = np.square(error), 2 * error
+        weights = batch.weights.numpy() if cfg.prioritized else None
+        if weights is not None:
+            elementwise, d_q = weights * elementwise, weights * d_q
+        d_out = np.zeros_like(q)
+        np.put_along_axis(d_out, actions[:, None], (d_q / B)[:, None], -1)
+        grads: dict = {}
+        _backward(obs, hidden, online, d_out.astype(np.float32), self.q_path, grads, tanh=False)
+        _clip_and_adam_step(self.optimizer, grads, cfg.max_grad_norm)
+        loss = torch.tensor(float(elementwise.mean()))
+        return loss, torch.from_numpy(error.astype(np.float32)), torch.from_numpy(q_value)
 
 
 class LeanSyncVectorEnv(gym.vector.VectorEnv):

@@ -14,7 +14,7 @@ from rlstore.fast import (
     sample_categorical,
     sample_gaussian,
 )
-from rlstore.networks import ActorCritic, QNetwork, mlp
+from rlstore.networks import ActorCritic, CnnQNetwork, QNetwork, mlp
 
 
 def test_sequential_runner_is_the_sequential_bit_for_bit():
@@ -276,3 +276,49 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
                 torch.testing.assert_close(twin_opt.state[q][name], opt.state[p][name],
                                            rtol=1e-3, atol=1e-7)  # fmt: skip
     assert not HostPPOStep.supports(agent, torch.optim.SGD(agent.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("loss, double_dqn, prioritized, max_grad_norm", [
+    ("mse", False, False, None), ("huber", True, True, 10.0),
+    ("huber", False, False, 0.1)])  # fmt: skip
+def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad_norm):
+    """Three gradient steps: parameters, loss, TD errors and Q(s, a) equal the
+    torch path's (td_loss, backward, clipping, fused Adam) to float32 rounding."""
+    import copy
+
+    from rlstore.algos.dqn import td_loss
+    from rlstore.config import DQNConfig
+    from rlstore.fast import HostDQNStep
+    from rlstore.storage.replay import ReplayBatch
+
+    cfg = DQNConfig(loss=loss, double_dqn=double_dqn, prioritized=prioritized,
+                    max_grad_norm=max_grad_norm)  # fmt: skip
+    torch.manual_seed(6)
+    q, target = QNetwork(4, 3), QNetwork(4, 3)  # a target that differs from the online net
+    twin, twin_target = copy.deepcopy(q), copy.deepcopy(target)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-2, fused=True)
+    twin_opt = torch.optim.Adam(twin.parameters(), lr=1e-2, fused=True)
+    assert HostDQNStep.supports(twin, twin_opt)
+    assert not HostDQNStep.supports(QNetwork(4, 3, dueling=True), twin_opt)
+    assert not HostDQNStep.supports(CnnQNetwork((4, 36, 36), 3), twin_opt)
+    fast = HostDQNStep(twin, twin_target, twin_opt)
+    rng = np.random.default_rng(7)
+    f32 = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))  # noqa: E731
+    for _ in range(3):
+        B = 64
+        batch = ReplayBatch(obs=f32(B, 4), actions=torch.from_numpy(rng.integers(0, 3, B)),
+                            rewards=f32(B) * 3, next_obs=f32(B, 4),
+                            terminated=torch.from_numpy(rng.random(B) < 0.2),
+                            discounts=torch.full((B,), 0.99 ** 2), weights=f32(B).abs(),
+                            indices=torch.arange(B))  # fmt: skip
+        expected = td_loss(q, target, batch, cfg)
+        opt.zero_grad()
+        expected[0].backward()
+        if max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(q.parameters(), max_grad_norm, foreach=True)
+        opt.step()
+        got = fast(batch, cfg)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-4, atol=1e-5)
+        for p, r in zip(q.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(r, p, rtol=1e-4, atol=1e-5)

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from rlstore.algos.common import linear_schedule, optimizer_params
 from rlstore.config import DQNConfig
 from rlstore.envs import is_frame_stack, make_training_envs
-from rlstore.fast import GreedyActor
+from rlstore.fast import GreedyActor, HostDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -81,15 +81,20 @@ def gradient_step(
     buffer: ReplayBuffer,
     beta: float,
     cfg: DQNConfig,
+    fast_step: HostDQNStep | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One gradient step on a replay batch (priorities updated with PER); (loss, Q(s, a))."""
+    """One gradient step on a replay batch (priorities updated with PER); (loss, Q(s, a)).
+    `fast_step`, if given, takes the same step in numpy (rlstore/fast.py)."""
     batch = buffer.sample(cfg.batch_size, beta=beta)
-    loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if cfg.max_grad_norm is not None:
-        nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-    optimizer.step()
+    if fast_step is not None:
+        loss, td_error, q_value = fast_step(batch, cfg)
+    else:
+        loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
+        optimizer.step()
     if cfg.prioritized:
         buffer.update_priorities(batch.indices, td_error)
     return loss, q_value
@@ -138,6 +143,12 @@ def train(
         greedy_actions = GreedyActor(q_network.advantage_path)
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
+    # The same gradient step in numpy, for MLP Q-networks in host memory (rlstore/fast.py)
+    fast_step = (
+        HostDQNStep(q_network, target_network, optimizer)
+        if HostDQNStep.supports(q_network, optimizer)
+        else None
+    )
     buffer = ReplayBuffer(
         cfg.buffer_size,
         cfg.num_envs,
@@ -185,7 +196,7 @@ def train(
                     if not buffer.ready(cfg.batch_size):
                         break
                     last_update = gradient_step(
-                        q_network, target_network, optimizer, buffer, beta, cfg
+                        q_network, target_network, optimizer, buffer, beta, cfg, fast_step
                     )
                 if crossings(before, run.global_step, cfg.target_network_frequency):
                     update_target(target_network, q_network, cfg.tau)
