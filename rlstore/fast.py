@@ -195,6 +195,72 @@ class HostActorCritic:
         return action, log_prob.astype(np.float32), value
 
 
+class _ActorCriticPass:
+    """The forward pass of an ActorCritic's two Tanh MLPs on a minibatch, in numpy (log-probs
+    of the taken actions, entropies, values), and the backward pass from the loss's
+    derivatives with respect to them: what HostPPOStep and HostA2CStep share."""
+
+    def __init__(self, agent: nn.Module, actor: list, critic: list, obs, actions) -> None:
+        self.agent, self.actor, self.critic = agent, actor, critic
+        self.obs = obs
+        self.actor_acts, out = _forward(obs, actor)
+        self.critic_acts, value = _forward(obs, critic)
+        self.value = value[:, 0]
+        B = len(obs)
+        if agent.continuous:
+            self.log_std = agent.actor_logstd.detach().numpy()[0]
+            self.std = np.exp(self.log_std)
+            self.z = (actions - out) / self.std
+            self.log_prob = (
+                -0.5 * np.square(self.z) - self.log_std - np.float32(LOG_SQRT_2PI)
+            ).sum(-1)
+            entropy = (0.5 + LOG_SQRT_2PI + self.log_std).sum()
+            self.entropy = np.full(B, entropy, dtype=np.float32)
+        else:
+            self.actions = actions.astype(np.int64)
+            shifted = out - out.max(-1, keepdims=True)
+            self.log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+            self.probs = np.exp(self.log_probs)
+            self.log_prob = np.take_along_axis(self.log_probs, self.actions[:, None], -1)[:, 0]
+            self.entropy = -(self.probs * self.log_probs).sum(-1)
+
+    def gradients(self, d_log_prob: np.ndarray, d_value: np.ndarray, ent_coef: float) -> dict:
+        """Gradients of loss = f(log_prob, value) - ent_coef * mean(entropy), given
+        d f / d log_prob and d f / d value per row."""
+        agent, B, grads = self.agent, len(self.obs), {}
+        d_log_prob = d_log_prob.astype(np.float32)
+        if agent.continuous:
+            d_out = d_log_prob[:, None] * self.z / self.std
+            d_log_std = (d_log_prob[:, None] * (np.square(self.z) - 1)).sum(0)
+            d_log_std -= ent_coef  # d(-ent_coef * mean entropy) / d log_std
+            grads[agent.actor_logstd] = d_log_std[None].astype(np.float32)
+        else:
+            one_hot = np.zeros_like(self.probs)
+            np.put_along_axis(one_hot, self.actions[:, None], 1.0, -1)
+            d_out = d_log_prob[:, None] * (one_hot - self.probs)
+            # d entropy / d logits = -p (log p + H); the loss has -ent_coef * mean(H)
+            d_out += ent_coef / B * self.probs * (self.log_probs + self.entropy[:, None])
+        _backward(self.obs, self.actor_acts, self.actor, d_out.astype(np.float32),
+                  agent.actor_path, grads)  # fmt: skip
+        _backward(self.obs, self.critic_acts, self.critic, d_value.astype(np.float32)[:, None],
+                  agent.critic_path, grads)  # fmt: skip
+        return grads
+
+
+def _minibatch(batch: Any, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(observations as float32 rows, actions, advantages normalized as configured)."""
+    obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
+    advantages = batch.advantages.numpy()
+    if cfg.norm_adv and len(obs) > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
+    return obs, batch.actions.numpy(), advantages
+
+
+def _tie_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """d max(a, b) / d a: 1 where a is larger, 1/2 on a tie (as torch), else 0."""
+    return np.where(a > b, 1.0, np.where(a == b, 0.5, 0.0))
+
+
 class HostPPOStep:
     """One PPO minibatch step in numpy, for an ActorCritic whose parameters are in host
     memory and a torch Adam optimizer: the loss of algos/ppo.py's ppo_loss with its
@@ -215,85 +281,39 @@ class HostPPOStep:
         return hasattr(agent, "act_on_host") and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
-        actor, critic = self.actor(), self.critic()
-        obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
-        B = len(obs)
-        advantages = batch.advantages.numpy()
-        if cfg.norm_adv and B > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
-        old_log_prob, old_value = batch.log_probs.numpy(), batch.values.numpy()
-        returns = batch.returns.numpy()
-
-        # -- forward ------------------------------------------------------------------
-        actor_acts, out = _forward(obs, actor)
-        critic_acts, value = _forward(obs, critic)
-        value = value[:, 0]
-        log_std = None
-        if self.agent.continuous:
-            log_std = self.agent.actor_logstd.detach().numpy()[0]
-            actions = batch.actions.numpy()
-            std = np.exp(log_std)
-            z = (actions - out) / std
-            log_prob = (-0.5 * np.square(z) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
-            entropy = np.full(B, (0.5 + LOG_SQRT_2PI + log_std).sum(), dtype=np.float32)
-        else:
-            actions = batch.actions.numpy().astype(np.int64)
-            shifted = out - out.max(-1, keepdims=True)
-            log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-            probs = np.exp(log_probs)
-            log_prob = np.take_along_axis(log_probs, actions[:, None], -1)[:, 0]
-            entropy = -(probs * log_probs).sum(-1)
-        log_ratio = log_prob - old_log_prob
+        obs, actions, advantages = _minibatch(batch, cfg)
+        run = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
+        B, clip = len(obs), cfg.clip_coef
+        old_value, returns = batch.values.numpy(), batch.returns.numpy()
+        log_ratio = run.log_prob - batch.log_probs.numpy()
         ratio = np.exp(log_ratio)
-        clip = cfg.clip_coef
         unclipped, clipped = -advantages * ratio, -advantages * np.clip(ratio, 1 - clip, 1 + clip)
         policy_loss = np.maximum(unclipped, clipped).mean()
-        error = value - returns
+        error = run.value - returns
         if cfg.clip_vloss:
-            delta = value - old_value
+            delta = run.value - old_value
             clipped_error = old_value + np.clip(delta, -clip, clip) - returns
             value_loss = 0.5 * np.maximum(np.square(error), np.square(clipped_error)).mean()
         else:
             value_loss = 0.5 * np.square(error).mean()
-        entropy_mean = entropy.mean()
+        entropy_mean = run.entropy.mean()
 
-        # -- backward: d loss / d outputs, then through the MLPs ------------------------
-        # max(a, b) passes the gradient to the larger (half to each on a tie, as torch);
+        # max passes the gradient to the larger branch (half each on a tie, as torch);
         # clip passes it inside its range, bounds included.
         inside = (ratio >= 1 - clip) & (ratio <= 1 + clip)
         d_ratio = (
             -advantages
             / B
-            * (
-                np.where(unclipped > clipped, 1.0, np.where(unclipped == clipped, 0.5, 0.0))
-                + np.where(clipped > unclipped, 1.0, np.where(unclipped == clipped, 0.5, 0.0))
-                * inside
-            )
+            * (_tie_weights(unclipped, clipped) + _tie_weights(clipped, unclipped) * inside)
         )
-        d_log_prob = (d_ratio * ratio).astype(np.float32)
         scale = cfg.vf_coef * 0.5 / B
         if cfg.clip_vloss:
             e1, e2 = np.square(error), np.square(clipped_error)
-            w1 = np.where(e1 > e2, 1.0, np.where(e1 == e2, 0.5, 0.0))
-            w2 = (1.0 - w1) * (np.abs(delta) <= clip)
+            w1, w2 = _tie_weights(e1, e2), _tie_weights(e2, e1) * (np.abs(delta) <= clip)
             d_value = scale * (w1 * 2 * error + w2 * 2 * clipped_error)
         else:
             d_value = scale * 2 * error
-        d_value = d_value.astype(np.float32)[:, None]
-        grads = {}
-        if self.agent.continuous:
-            d_out = d_log_prob[:, None] * z / std
-            d_log_std = (d_log_prob[:, None] * (np.square(z) - 1)).sum(0)
-            d_log_std -= cfg.ent_coef  # d(-ent_coef * mean entropy) / d log_std
-            grads[self.agent.actor_logstd] = d_log_std[None].astype(np.float32)
-        else:
-            one_hot = np.zeros_like(probs)
-            np.put_along_axis(one_hot, actions[:, None], 1.0, -1)
-            d_out = d_log_prob[:, None] * (one_hot - probs)
-            # d entropy / d logits = -p (log p + H); the loss has -ent_coef * mean(H)
-            d_out += cfg.ent_coef / B * probs * (log_probs + entropy[:, None])
-        _backward(obs, actor_acts, actor, d_out.astype(np.float32), self.agent.actor_path, grads)
-        _backward(obs, critic_acts, critic, d_value, self.agent.critic_path, grads)
+        grads = run.gradients(d_ratio * ratio, d_value, cfg.ent_coef)
         _clip_and_adam_step(self.optimizer, grads, cfg.max_grad_norm)
 
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
@@ -303,6 +323,59 @@ class HostPPOStep:
             losses["losses/old_approx_kl"] = (-log_ratio).mean()
             losses["losses/approx_kl"] = ((ratio - 1) - log_ratio).mean()
             losses["losses/clipfrac"] = (np.abs(ratio - 1) > clip).astype(np.float32).mean()
+        return {k: torch.tensor(float(v)) for k, v in losses.items()}
+
+
+class HostA2CStep:
+    """A2C's update in numpy, as HostPPOStep: algos/a2c.py's a2c_loss with its gradient by
+    hand, clipping, and torch RMSprop's arithmetic on the parameters and its state."""
+
+    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.agent, self.optimizer = agent, optimizer
+        self.actor, self.critic = HostViews(agent.actor_path), HostViews(agent.critic_path)
+
+    @staticmethod
+    def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        """An ActorCritic in host memory and a plain RMSprop (no momentum, not centered)."""
+        group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
+        return (
+            hasattr(agent, "act_on_host")
+            and isinstance(optimizer, torch.optim.RMSprop)
+            and group is not None
+            and not (group["weight_decay"] or group["momentum"] or group["centered"])
+            and not group.get("maximize", False)
+            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in group["params"])
+        )
+
+    def __call__(self, batch: Any, cfg: Any) -> dict[str, torch.Tensor]:
+        obs, actions, advantages = _minibatch(batch, cfg)
+        run = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
+        B, returns = len(obs), batch.returns.numpy()
+        policy_loss = -(advantages * run.log_prob).mean()
+        value_loss = np.square(returns - run.value).mean()
+        entropy_mean = run.entropy.mean()
+        d_value = cfg.vf_coef * 2 * (run.value - returns) / B
+        grads = run.gradients(-advantages / B, d_value, cfg.ent_coef)
+        group = self.optimizer.param_groups[0]
+        params = group["params"]
+        coef = _clip_coefficient([grads[p] for p in params], cfg.max_grad_norm)
+        lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+        for param in params:
+            state = self.optimizer.state[param]
+            if not state:  # as torch's RMSprop initializes it
+                state["step"] = torch.tensor(0.0)
+                state["square_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["step"] += 1
+            square_avg, p = state["square_avg"].numpy(), param.detach().numpy()
+            grad = grads[param].reshape(p.shape)
+            if coef < 1.0:
+                grad = grad * np.float32(coef)
+            square_avg *= alpha
+            square_avg += (1 - alpha) * np.square(grad)
+            p -= np.float32(lr) * grad / (np.sqrt(square_avg) + np.float32(eps))
+        loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
+        losses = {"loss": loss, "losses/policy_loss": policy_loss,
+                  "losses/value_loss": value_loss, "losses/entropy": entropy_mean}  # fmt: skip
         return {k: torch.tensor(float(v)) for k, v in losses.items()}
 
 
@@ -342,10 +415,7 @@ def _clip_and_adam_step(
     group = optimizer.param_groups[0]
     params = group["params"]
     g = [grads[p] for p in params]
-    coef = 1.0
-    if max_norm is not None:
-        total = np.sqrt(sum(float(np.square(x, dtype=np.float64).sum()) for x in g))
-        coef = min(max_norm / (total + 1e-6), 1.0)
+    coef = _clip_coefficient(g, max_norm)
     lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
     for param, grad in zip(params, g, strict=True):
         state = optimizer.state[param]
@@ -364,6 +434,14 @@ def _clip_and_adam_step(
         bias1, bias2 = 1 - beta1**step, 1 - beta2**step
         denom = np.sqrt(v) / np.float32(math.sqrt(bias2)) + np.float32(eps)
         p -= np.float32(lr / bias1) * m / denom
+
+
+def _clip_coefficient(grads: list[np.ndarray], max_norm: float | None) -> float:
+    """clip_grad_norm_'s factor: max_norm / (total 2-norm + 1e-6), at most 1 (None: 1)."""
+    if max_norm is None:
+        return 1.0
+    total = np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in grads))
+    return min(max_norm / (total + 1e-6), 1.0)
 
 
 def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:

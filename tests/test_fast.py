@@ -322,3 +322,44 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
             torch.testing.assert_close(a, b.detach(), rtol=1e-4, atol=1e-5)
         for p, r in zip(q.parameters(), twin.parameters(), strict=True):
             torch.testing.assert_close(r, p, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("continuous, norm_adv", [(False, False), (True, True)])
+def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
+    """Three A2C updates: parameters, RMSprop's state and the losses equal the torch
+    path's (a2c_loss, backward, clip_grad_norm_, RMSprop) to float32 rounding."""
+    import copy
+
+    from rlstore.algos.a2c import a2c_loss
+    from rlstore.config import A2CConfig
+    from rlstore.fast import HostA2CStep
+
+    cfg = A2CConfig(norm_adv=norm_adv, ent_coef=0.05, max_grad_norm=0.5)
+    torch.manual_seed(8)
+    agent = ActorCritic(5, 3, continuous=continuous)
+    twin = copy.deepcopy(agent)
+    make = lambda net: torch.optim.RMSprop(net.parameters(), lr=7e-3, alpha=0.99, eps=1e-5,  # noqa: E731
+                                           foreach=True)  # fmt: skip
+    opt, twin_opt = make(agent), make(twin)
+    assert HostA2CStep.supports(twin, twin_opt)
+    assert not HostA2CStep.supports(twin, torch.optim.Adam(twin.parameters()))
+    fast = HostA2CStep(twin, twin_opt)
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        batch = ppo_minibatch(continuous, rng, B=20)
+        log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions)
+        expected = a2c_loss(log_prob, batch.advantages, value, batch.returns, entropy, cfg)
+        opt.zero_grad()
+        expected["loss"].backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+        opt.step()
+        got = fast(batch, cfg)
+        for key in got:
+            torch.testing.assert_close(got[key], expected[key].detach(), rtol=1e-4, atol=1e-5)
+        # RMSprop divides by sqrt of the squared gradients' average: a rounding difference
+        # in a near-zero gradient moves its parameter by up to ~1e-4 of the lr-sized step
+        for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-4)
+            expected_avg = opt.state[p]["square_avg"]
+            torch.testing.assert_close(twin_opt.state[q]["square_avg"], expected_avg,
+                                       rtol=1e-3, atol=1e-8)  # fmt: skip

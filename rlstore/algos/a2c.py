@@ -20,7 +20,9 @@ from rlstore.algos.common import (
     optimizer_params,
 )
 from rlstore.config import A2CConfig
+from rlstore.fast import HostA2CStep
 from rlstore.run import Run, TrainResult
+from rlstore.storage import RolloutBatch
 
 
 def a2c_loss(
@@ -62,6 +64,7 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
         foreach=True,
     )
     state.parts["optimizer"] = optimizer
+    fast_step = HostA2CStep(agent, optimizer) if HostA2CStep.supports(agent, optimizer) else None
 
     with run.start(state):
         for iteration in run.iterations():
@@ -76,12 +79,18 @@ def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None
 
             # -- update: one gradient step on the whole rollout ----------------------------
             data = storage.flatten()
-            log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"])
-            losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
-            optimizer.zero_grad(set_to_none=True)
-            losses.pop("loss").backward()
-            nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-            optimizer.step()
+            if fast_step is not None:  # the same step in numpy (rlstore/fast.py)
+                losses = fast_step(RolloutBatch(*(data[k] for k in RolloutBatch._fields)), cfg)
+                losses.pop("loss")
+            else:
+                log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"])
+                losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy,
+                                  cfg)  # fmt: skip
+                optimizer.zero_grad(set_to_none=True)
+                losses.pop("loss").backward()
+                nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm,
+                                         foreach=True)  # fmt: skip
+                optimizer.step()
 
             # -- log -----------------------------------------------------------------------
             if run.log_due():
