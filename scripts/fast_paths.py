@@ -4,7 +4,8 @@ docs/fast-paths.md).
 
     python scripts/fast_paths.py
 
-Median of 7 repeats of N calls each, one torch thread (rlstore's default).
+Median of 7 repeats of N calls each, one torch thread and one BLAS thread (rlstore's
+default).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import numpy as np
 import torch
 from torch.distributions import Categorical
 
-from rlstore.fast import GreedyActor, LeanSyncVectorEnv, sample_categorical
+from rlstore.fast import (
+    GreedyActor,
+    HostDQNStep,
+    HostPPOStep,
+    LeanSyncVectorEnv,
+    sample_categorical,
+)
 from rlstore.networks import ActorCritic, QNetwork
 
 
@@ -34,8 +41,69 @@ def per_call_us(fn: Callable[[], object], n: int = 2000) -> float:
     return statistics.median(times)
 
 
+def ppo_minibatch_step() -> tuple[str, float, float]:
+    """A PPO minibatch step of the defaults (128 CartPole transitions): torch vs HostPPOStep."""
+    from torch import nn
+
+    from rlstore.algos.ppo import ppo_loss
+    from rlstore.config import PPOConfig
+    from rlstore.storage import RolloutBatch
+
+    cfg, rng = PPOConfig(), np.random.default_rng(0)
+    agent = ActorCritic(4, 2)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5, fused=True)
+    f32 = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))  # noqa: E731
+    batch = RolloutBatch(f32(128, 4), torch.from_numpy(rng.integers(0, 2, 128)), f32(128) - 0.7,
+                         f32(128), f32(128), f32(128))  # fmt: skip
+
+    def torch_step():
+        log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions)
+        losses = ppo_loss(log_prob, value, entropy, batch, cfg, diagnostics=False)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        nn.utils.clip_grad_norm_(list(agent.parameters()), cfg.max_grad_norm, foreach=True)
+        optimizer.step()
+
+    fast = HostPPOStep(agent, optimizer)
+    return ("HostPPOStep: a PPO minibatch step, 128 CartPole transitions",
+            per_call_us(torch_step, n=300),
+            per_call_us(lambda: fast(batch, cfg, diagnostics=False), n=300))  # fmt: skip
+
+
+def dqn_gradient_step() -> tuple[str, float, float]:
+    """A DQN gradient step of the defaults (batch 128, 120-84 Q-network): torch vs
+    HostDQNStep."""
+    import copy
+
+    from rlstore.algos.dqn import td_loss
+    from rlstore.config import DQNConfig
+    from rlstore.storage.replay import ReplayBatch
+
+    cfg, rng = DQNConfig(), np.random.default_rng(0)
+    q_network = QNetwork(4, 2)
+    target = copy.deepcopy(q_network)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=2.5e-4, fused=True)
+    f32 = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))  # noqa: E731
+    batch = ReplayBatch(f32(128, 4), torch.from_numpy(rng.integers(0, 2, 128)), f32(128),
+                        f32(128, 4), torch.zeros(128, dtype=torch.bool), torch.full((128,), 0.99),
+                        torch.ones(128), torch.arange(128))  # fmt: skip
+
+    def torch_step():
+        loss = td_loss(q_network, target, batch, cfg)[0]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    fast = HostDQNStep(q_network, target, optimizer)
+    fast_us = per_call_us(lambda: fast(batch, cfg), n=300)
+    return "HostDQNStep: a DQN gradient step, batch 128", per_call_us(torch_step, n=300), fast_us
+
+
 def main() -> None:
+    from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")  # numpy's BLAS too, as a Run sets it
     torch.manual_seed(0)
     rows = []
 
@@ -57,6 +125,19 @@ def main() -> None:
 
         plain = per_call_us(plain_sample)
     rows.append(("sample_categorical: 4 actions and log-probs", plain, fast))
+
+    obs4_host = obs4.numpy()
+
+    def torch_act():
+        with torch.inference_mode():
+            action, log_prob, value = agent.act(obs4)
+        return action.numpy(), log_prob.numpy(), value.numpy()
+
+    host_us = per_call_us(lambda: agent.act_on_host(obs4_host))
+    rows.append(("HostActorCritic: PPO's act (forward and sampling), 4 host obs",
+                 per_call_us(torch_act), host_us))  # fmt: skip
+    rows.append(ppo_minibatch_step())
+    rows.append(dqn_gradient_step())
 
     q_network = QNetwork(4, 2)
     greedy = GreedyActor(q_network.advantage_path)
