@@ -35,7 +35,9 @@ the vector env step plus the CNN forward of 8 observations.
 normalization), SB3's PPO at the same settings with VecNormalize (its value clipping at
 0.2, as rlstore's); the floor is one env step plus the policy forward.
 
-Hyperparameters match: PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
+Hyperparameters match: A2C with rlstore's CartPole settings (8 envs x 5 steps, RMSprop 7e-4,
+eps 1e-5, no entropy bonus, GAE lambda 1, 64-64 tanh; SB3's A2C defaults otherwise, with
+--ppo-steps steps); PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
 minibatches, lr 2.5e-4 annealed, clip 0.2 with value clipping, 64-64 tanh actor and critic,
 Adam eps 1e-5); DQN with the classic CartPole reference (120-84 ReLU, buffer 10k, batch 128,
 train every 10 steps, target every 500, epsilon 1 -> 0.05 over half) and SB3's Huber loss on
@@ -158,6 +160,14 @@ def child_sb3(
         envs = VecNormalize(make_vec_env(env, n_envs=1, seed=seed), gamma=0.99)
         model = PPO("MlpPolicy", envs, n_steps=2048, batch_size=64, n_epochs=10,  # 32 minibatches
                     learning_rate=lambda f: 3e-4 * f, ent_coef=0.0, **ppo_common)  # fmt: skip
+    elif algo == "a2c":  # rlstore's A2C on CartPole-v1: its defaults and preset (8 envs)
+        from stable_baselines3 import A2C
+
+        envs = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+        model = A2C("MlpPolicy", envs, n_steps=5, learning_rate=7e-4, gamma=0.99,
+                    gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
+                    rms_prop_eps=1e-5, normalize_advantage=False, seed=seed,
+                    device=device)  # fmt: skip
     elif algo == "ppo":
         envs = make_vec_env("CartPole-v1", n_envs=ppo_envs, seed=seed)
         model = PPO("MlpPolicy", envs, n_steps=128, batch_size=ppo_envs * 128 // 4,  # 4 minibatches
@@ -393,7 +403,9 @@ def main() -> None:
         child_main(json.loads(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algos", nargs="+", default=["ppo", "dqn"], choices=["ppo", "dqn"])
+    parser.add_argument(
+        "--algos", nargs="+", default=["ppo", "a2c", "dqn"], choices=["ppo", "a2c", "dqn"]
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
@@ -430,7 +442,7 @@ def main() -> None:
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
     runs = []
     for algo in args.algos:
-        steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
+        steps = args.dqn_steps if algo == "dqn" else args.ppo_steps
         for seed in args.seeds:
             for trainer in trainers:  # alternate, so machine noise hits both
                 spec = dict(
