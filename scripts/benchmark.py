@@ -214,6 +214,9 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     import torch
 
     torch.set_num_threads(1)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")  # as a run sets it
     from rlstore.envs import make_vec_env
     from rlstore.run import Run
 
@@ -247,6 +250,18 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
 
     with torch.inference_mode():
         forward_s = per_call(forward, n=2000 if space.dtype != "uint8" else 200)
+    forward_kind = "torch"
+    if hasattr(net, "act_on_host") and device.type == "cpu":  # the numpy forward, if cheaper
+        from rlstore.fast import HostViews, numpy_mlp
+
+        actor, critic = HostViews(net.actor_path)(), HostViews(net.critic_path)()
+        host_obs = obs.numpy()
+        numpy_s = per_call(
+            lambda: (numpy_mlp(host_obs, actor, tanh=True), numpy_mlp(host_obs, critic, tanh=True)),
+            n=2000,
+        )
+        if numpy_s < forward_s:
+            forward_s, forward_kind = numpy_s, "numpy"
     # rlstore's collect loop alone, on the same shape
     import tempfile
 
@@ -273,6 +288,7 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
         "num_envs": num_envs,
         "env_step_us": env_s * 1e6,
         "forward_us": forward_s * 1e6,
+        "forward_kind": forward_kind,
         "collect_step_us": collect_s * 1e6,
         "collect_fraction_of_floor": (env_s + forward_s) / collect_s,
     }
@@ -524,7 +540,9 @@ def main() -> None:
         f"Floor of the PPO batch shape ({floor['num_envs']} {args.env} envs in {floor['env']}, "
         "policy on "
         f"{args.device}): env step "
-        f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us; rlstore's "
+        f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us (the "
+        f"cheaper of a torch and a numpy forward: {floor.get('forward_kind', 'torch')}); "
+        "rlstore's "
         f"collect loop {floor['collect_step_us']:.0f} us per vector step = "
         f"{floor['collect_fraction_of_floor']:.0%} of the floor's throughput.",
     ]
