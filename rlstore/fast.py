@@ -21,6 +21,7 @@ except HostActorCritic: numpy's float32 kernels and RNG instead of torch's.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -120,6 +121,14 @@ class HostViews:
         return self._views
 
 
+@functools.cache
+def _rows(n: int) -> np.ndarray:
+    """0..n-1, for picking one column per row (array[_rows(n), columns]); cached, read-only."""
+    rows = np.arange(n)
+    rows.flags.writeable = False
+    return rows
+
+
 def numpy_mlp(x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]], tanh: bool) -> np.ndarray:
     """The MLP of `views` on a float32 batch, Tanh or ReLU between the layers."""
     for weight, bias in views[:-1]:
@@ -186,7 +195,7 @@ class HostActorCritic:
             u = np.random.random((len(x), 1)).astype(np.float32)
             action = (np.exp(log_probs).cumsum(-1) < u).sum(-1)
             np.minimum(action, out.shape[-1] - 1, out=action)  # u above a rounded-down total
-            log_prob = np.take_along_axis(log_probs, action[:, None], -1)[:, 0]
+            log_prob = log_probs[_rows(len(action)), action]
             return action, log_prob, value
         log_std = self.log_std.detach().numpy()
         noise = np.random.standard_normal(out.shape).astype(np.float32)
@@ -221,7 +230,7 @@ class _ActorCriticPass:
             shifted = out - out.max(-1, keepdims=True)
             self.log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
             self.probs = np.exp(self.log_probs)
-            self.log_prob = np.take_along_axis(self.log_probs, self.actions[:, None], -1)[:, 0]
+            self.log_prob = self.log_probs[_rows(B), self.actions]
             self.entropy = -(self.probs * self.log_probs).sum(-1)
 
     def gradients(self, d_log_prob: np.ndarray, d_value: np.ndarray, ent_coef: float) -> dict:
@@ -236,7 +245,7 @@ class _ActorCriticPass:
             grads[agent.actor_logstd] = d_log_std[None].astype(np.float32)
         else:
             one_hot = np.zeros_like(self.probs)
-            np.put_along_axis(one_hot, self.actions[:, None], 1.0, -1)
+            one_hot[_rows(B), self.actions] = 1.0
             d_out = d_log_prob[:, None] * (one_hot - self.probs)
             # d entropy / d logits = -p (log p + H); the loss has -ent_coef * mean(H)
             d_out += ent_coef / B * self.probs * (self.log_probs + self.entropy[:, None])
@@ -482,13 +491,13 @@ class HostDQNStep:
         next_q = _forward(next_obs, target, tanh=False)[1]
         if cfg.double_dqn:
             next_action = _forward(next_obs, online, tanh=False)[1].argmax(-1)
-            next_value = np.take_along_axis(next_q, next_action[:, None], -1)[:, 0]
+            next_value = next_q[_rows(B), next_action]
         else:
             next_value = next_q.max(-1)
         next_value[batch.terminated.numpy()] = 0.0
         td_target = batch.rewards.numpy() + batch.discounts.numpy() * next_value
         hidden, q = _forward(obs, online, tanh=False)
-        q_value = np.take_along_axis(q, actions[:, None], -1)[:, 0]
+        q_value = q[_rows(B), actions]
         error = q_value - td_target
         if cfg.loss == "huber":  # smooth L1 with beta 1
             small = np.abs(error) < 1.0
@@ -500,7 +509,7 @@ class HostDQNStep:
         if weights is not None:
             elementwise, d_q = weights * elementwise, weights * d_q
         d_out = np.zeros_like(q)
-        np.put_along_axis(d_out, actions[:, None], (d_q / B)[:, None], -1)
+        d_out[_rows(B), actions] = d_q / B
         grads: dict = {}
         _backward(obs, hidden, online, d_out.astype(np.float32), self.q_path, grads, tanh=False)
         _clip_and_adam_step(self.optimizer, grads, cfg.max_grad_norm)

@@ -82,6 +82,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
     sign_rewards = run.cfg.sign_rewards
     space = envs.single_action_space
     act_on_host = getattr(agent, "act_on_host", None)  # numpy, for MLPs in host memory
+    lives = envs if hasattr(envs, "life_lost") else None  # Atari
     for _ in range(storage.num_steps):
         host_obs = storage.current_obs_on_host
         acted = act_on_host(host_obs) if act_on_host and host_obs is not None else None
@@ -100,7 +101,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         if sign_rewards:
             stored_reward = np.sign(stored_reward)
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
-                       getattr(envs, "life_lost", None))  # fmt: skip
+                       None if lives is None else lives.life_lost)  # fmt: skip
         run.record_step(reward, terminated, truncated)
 
 

@@ -171,6 +171,7 @@ def train(
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
     last_update: tuple[torch.Tensor, torch.Tensor] | None = None  # (loss, Q(s, a)), for logging
 
+    lives = envs if hasattr(envs, "life_lost") else None  # Atari
     with run.start(state):
         for _ in run.iterations():
             # -- act: epsilon-greedy per env; state.obs is where the envs are --------------
@@ -181,7 +182,7 @@ def train(
             # -- store -----------------------------------------------------------------
             learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
             buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
-                       getattr(envs, "life_lost", None))  # fmt: skip
+                       None if lives is None else lives.life_lost)  # fmt: skip
             state.obs = next_obs
             before = run.global_step
             run.record_step(reward, terminated, truncated)
