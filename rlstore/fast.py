@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -281,7 +282,7 @@ class HostPPOStep:
     """
 
     def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.agent, self.optimizer = agent, optimizer
+        self.agent, self.adam = agent, FlatAdam.of(optimizer)
         self.actor, self.critic = HostViews(agent.actor_path), HostViews(agent.critic_path)
 
     @staticmethod
@@ -323,7 +324,7 @@ class HostPPOStep:
         else:
             d_value = scale * 2 * error
         grads = run.gradients(d_ratio * ratio, d_value, cfg.ent_coef)
-        _clip_and_adam_step(self.optimizer, grads, cfg.max_grad_norm)
+        self.adam.step(grads, cfg.max_grad_norm)
 
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
         losses = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
@@ -416,33 +417,86 @@ def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict, tanh
             d_out = d_in * (1 - np.square(inputs[layer])) if tanh else d_in * (inputs[layer] > 0)
 
 
-def _clip_and_adam_step(
-    optimizer: torch.optim.Optimizer, grads: dict, max_norm: float | None
-) -> None:
-    """clip_grad_norm_(max_norm) (None: no clipping), then torch's Adam arithmetic on the
-    parameters and the optimizer's state, in place through numpy views."""
-    group = optimizer.param_groups[0]
-    params = group["params"]
-    g = [grads[p] for p in params]
-    coef = _clip_coefficient(g, max_norm)
-    lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-    for param, grad in zip(params, g, strict=True):
-        state = optimizer.state[param]
-        if not state:  # as torch's Adam initializes it
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        state["step"] += 1
-        step = float(state["step"])
-        m, v, p = state["exp_avg"].numpy(), state["exp_avg_sq"].numpy(), param.detach().numpy()
-        grad = grad.reshape(p.shape) * np.float32(coef) if coef < 1.0 else grad.reshape(p.shape)
+class FlatAdam:
+    """clip_grad_norm_ and then torch Adam's update, for the optimizer's parameters, on flat
+    buffers. The parameters and Adam's two moment tensors are re-pointed into three flat
+    arrays (as views, so the module, the optimizer and checkpoints keep seeing the same
+    values), so that an update is about ten numpy calls, not ten per parameter. When
+    load_state_dict has replaced the optimizer's tensors, they are re-pointed again (their
+    values copied in)."""
+
+    _of_optimizer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, optimizer: torch.optim.Optimizer) -> FlatAdam:
+        """The FlatAdam of `optimizer` (one per optimizer, kept while it lives)."""
+        if optimizer not in cls._of_optimizer:
+            cls._of_optimizer[optimizer] = cls(optimizer)
+        return cls._of_optimizer[optimizer]
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.params = optimizer.param_groups[0]["params"]
+        self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._steps: list[np.ndarray] = []
+        self._pointers: list[int] = []
+
+    def _in_place(self) -> bool:
+        if self._flat is None:
+            return False
+        first, last = self.params[0], self.params[-1]
+        state = self.optimizer.state
+        pointers = [first.data_ptr(), last.data_ptr()]
+        for param in (first, last):
+            pointers += [state[param]["exp_avg"].data_ptr(), state[param]["exp_avg_sq"].data_ptr()]
+        return pointers == self._pointers
+
+    def _repoint(self) -> None:
+        total = sum(p.numel() for p in self.params)
+        flat = [torch.zeros(total) for _ in range(3)]  # parameters, exp_avg, exp_avg_sq
+        offset = 0
+        for param in self.params:
+            n, state = param.numel(), self.optimizer.state[param]
+            views = [buffer[offset : offset + n].view_as(param) for buffer in flat]
+            views[0].copy_(param.detach())
+            if state:
+                views[1].copy_(state["exp_avg"])
+                views[2].copy_(state["exp_avg_sq"])
+            else:  # as torch's Adam initializes it
+                state["step"] = torch.tensor(0.0)
+            param.data = views[0]
+            state["exp_avg"], state["exp_avg_sq"] = views[1], views[2]
+            offset += n
+        self._flat = tuple(buffer.numpy() for buffer in flat)
+        self._steps = [self.optimizer.state[p]["step"].numpy() for p in self.params]
+        first, last, state = self.params[0], self.params[-1], self.optimizer.state
+        self._pointers = [first.data_ptr(), last.data_ptr()]
+        for param in (first, last):
+            self._pointers += [state[param]["exp_avg"].data_ptr(),
+                               state[param]["exp_avg_sq"].data_ptr()]  # fmt: skip
+
+    def step(self, grads: dict[torch.Tensor, np.ndarray], max_norm: float | None) -> None:
+        if not self._in_place():
+            self._repoint()
+        params_flat, m, v = self._flat
+        g = np.concatenate([grads[p].reshape(-1) for p in self.params])
+        coef = _clip_coefficient([g], max_norm)
+        if coef < 1.0:
+            g *= np.float32(coef)
+        for step in self._steps:
+            step += 1
+        step = float(self._steps[0])
+        group = self.optimizer.param_groups[0]
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         m *= beta1
-        m += (1 - beta1) * grad
+        m += (1 - beta1) * g
         v *= beta2
-        v += (1 - beta2) * np.square(grad)
+        v += (1 - beta2) * np.square(g)
         bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-        denom = np.sqrt(v) / np.float32(math.sqrt(bias2)) + np.float32(eps)
-        p -= np.float32(lr / bias1) * m / denom
+        denom = np.sqrt(v)
+        denom /= np.float32(math.sqrt(bias2))
+        denom += np.float32(eps)
+        params_flat -= np.float32(lr / bias1) * m / denom
 
 
 def _clip_coefficient(grads: list[np.ndarray], max_norm: float | None) -> float:
@@ -455,7 +509,7 @@ def _clip_coefficient(grads: list[np.ndarray], max_norm: float | None) -> float:
 
 def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
     """A plain Adam (one group, no weight decay, amsgrad or maximize) over float32
-    parameters in host memory: what _clip_and_adam_step reproduces."""
+    parameters in host memory: what FlatAdam reproduces."""
     group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
     return (
         isinstance(optimizer, torch.optim.Adam)
@@ -476,7 +530,7 @@ class HostDQNStep:
     def __init__(self, q_network: nn.Module, target_network: nn.Module, optimizer) -> None:
         self.q_path = q_network.advantage_path
         self.online, self.target = HostViews(self.q_path), HostViews(target_network.advantage_path)
-        self.optimizer = optimizer
+        self.adam = FlatAdam.of(optimizer)
 
     @staticmethod
     def supports(q_network: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
@@ -512,7 +566,7 @@ class HostDQNStep:
         d_out[_rows(B), actions] = d_q / B
         grads: dict = {}
         _backward(obs, hidden, online, d_out.astype(np.float32), self.q_path, grads, tanh=False)
-        _clip_and_adam_step(self.optimizer, grads, cfg.max_grad_norm)
+        self.adam.step(grads, cfg.max_grad_norm)
         loss = torch.tensor(float(elementwise.mean()))
         return loss, torch.from_numpy(error.astype(np.float32)), torch.from_numpy(q_value)
 
