@@ -22,7 +22,9 @@ except HostActorCritic: numpy's float32 kernels and RNG instead of torch's.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -648,6 +650,29 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+
+
+def skip_dynamo_import() -> None:
+    """Keep torch.optim from importing its compiler stack (torch._dynamo, about 0.9 s at
+    start-up) only to switch it off: it wraps Optimizer methods and the functional
+    adam/rmsprop in torch._disable_dynamo, which imports torch._dynamo on first use and
+    caches the disabled function as `fn.__dynamo_disable`. rlstore never compiles, so this
+    sets that cache to the plain function, where the wrappers are the ones expected; a
+    torch without them is left alone. (Optimizer.step still imports it: the numpy steps of
+    the small MLPs never call step.)"""
+    disable = getattr(torch, "_disable_dynamo", None)
+    if disable is None or "torch._dynamo" in sys.modules:
+        return
+    inner_code = disable(lambda: None).__code__
+    functional = [importlib.import_module(f"torch.optim.{name}") for name in ("adam", "rmsprop")]
+    candidates = [*vars(torch.optim.Optimizer).values(), functional[0].adam, functional[1].rmsprop]
+    for wrapper in candidates:
+        while callable(wrapper):
+            code = getattr(wrapper, "__code__", None)
+            if code is not None and (code is inner_code or code.co_name == "maybe_fallback"):
+                target = wrapper.__wrapped__
+                target.__dynamo_disable = target
+            wrapper = getattr(wrapper, "__wrapped__", None)
 
 
 def flush_denormals(on: bool) -> None:

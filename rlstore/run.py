@@ -44,7 +44,7 @@ from rlstore.checkpoint import (
 from rlstore.config import CommonConfig, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
-from rlstore.fast import flush_denormals
+from rlstore.fast import flush_denormals, skip_dynamo_import
 from rlstore.normalize import ObsNormalizer
 
 
@@ -246,6 +246,7 @@ class Run:
         check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
+        skip_dynamo_import()  # before any optimizer exists
         threads = 1 if cfg.torch_threads == "auto" else cfg.torch_threads
         torch.set_num_threads(threads)
         # numpy's BLAS too (the numpy fast paths): its threads would spin on shared cores

@@ -363,3 +363,22 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
             expected_avg = opt.state[p]["square_avg"]
             torch.testing.assert_close(twin_opt.state[q]["square_avg"], expected_avg,
                                        rtol=1e-3, atol=1e-8)  # fmt: skip
+
+
+def test_a_run_does_not_import_the_compiler_stack(tmp_path):
+    """skip_dynamo_import: PPO, A2C and DQN runs on small MLPs (numpy steps, checkpoints
+    written and read) never import torch._dynamo, which costs about 0.9 s at start-up."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from rlstore.cli import main
+extra = {{"ppo": [], "a2c": [], "dqn": ["--learning-starts", "500"]}}
+for algo in ("ppo", "a2c", "dqn"):
+    args = ["train", algo, "--total-timesteps", "2048", "--logdir", {str(tmp_path)!r}]
+    assert main(args + ["--no-progress"] + extra[algo]) == 0
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "dynamo imported: False" in out.stdout
