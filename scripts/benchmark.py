@@ -490,7 +490,11 @@ def main() -> None:
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
         f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "
         f"{args.dqn_steps}"
-        + "".join(f" --rlstore-config {a}={f}" for a, f in configs.items())
+        + (
+            " --rlstore-config " + " ".join(f"{a}={f}" for a, f in configs.items())
+            if configs
+            else ""
+        )
         + (" --no-sb3" if args.no_sb3 else "")
         + (f" --device {args.device}" if args.device != "cpu" else "")
         + (f" --ppo-envs {args.ppo_envs}" if args.ppo_envs != 4 else "")
