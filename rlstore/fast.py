@@ -185,6 +185,14 @@ class HostActorCritic:
             raise ValueError("HostActorCritic runs Tanh MLPs (ActorCritic's)")
         self.actor, self.critic, self.log_std = HostViews(actor), HostViews(critic), log_std
 
+    def value(self, obs: np.ndarray) -> np.ndarray | None:
+        """V(obs) in numpy (None when the parameters are not in host memory)."""
+        critic = self.critic()
+        if not critic:
+            return None
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        return numpy_mlp(x, critic, tanh=True)[:, 0]
+
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         actor, critic = self.actor(), self.critic()
         if not actor or not critic:

@@ -73,6 +73,8 @@ def test_host_actor_critic_acts_as_the_torch_policy(continuous):
                                                         torch.from_numpy(action))  # fmt: skip
         torch.testing.assert_close(torch.from_numpy(log_prob), expected_lp, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(value), expected_v, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(agent.act_on_host.value(obs)), expected_v,
+                                   rtol=1e-5, atol=1e-5)  # fmt: skip
         np.random.seed(5)
         again = agent.act_on_host(obs)[0]
         np.testing.assert_array_equal(again, action)
@@ -86,7 +88,7 @@ def test_host_actor_critic_acts_as_the_torch_policy(continuous):
         ].sum().backward()
         optimizer.step()
     agent.to("meta")  # parameters not in host memory: the caller falls back to torch
-    assert agent.act_on_host(obs) is None
+    assert agent.act_on_host(obs) is None and agent.act_on_host.value(obs) is None
 
 
 class InfoEnv(gym.Env):

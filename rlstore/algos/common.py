@@ -107,6 +107,9 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
 
 def compute_returns(agent: ActorCritic, storage: RolloutStorage, cfg: OnPolicyConfig) -> None:
     """Advantages and returns of the rollout, bootstrapped from V(the last observation)."""
-    with torch.inference_mode():
-        next_value = agent.value(storage.current_obs)
+    host_obs, act_on_host = storage.current_obs_on_host, getattr(agent, "act_on_host", None)
+    next_value = act_on_host.value(host_obs) if act_on_host and host_obs is not None else None
+    if next_value is None:
+        with torch.inference_mode():
+            next_value = agent.value(storage.current_obs)
     storage.compute_returns(next_value, cfg.gamma, cfg.gae_lambda, cfg.use_gae)

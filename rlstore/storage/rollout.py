@@ -32,28 +32,34 @@ Array = torch.Tensor | np.ndarray
 
 
 def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    next_values: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
+    rewards: Array,
+    values: Array,
+    next_values: Array,
+    terminated: Array,
+    truncated: Array,
     gamma: float,
     gae_lambda: float,
-) -> torch.Tensor:
+) -> Array:
     """Generalized advantage estimates over a (T, N) rollout, terminated/truncated kept apart.
 
         delta_t = r_t + gamma * (1 - terminated_t) * V'_t - V_t
         A_t     = delta_t + gamma * lambda * (1 - done_t) * A_{t+1},   A_T = 0
 
     `next_values[t]` is V'_t: V of the next observation, which is the final observation
-    when the episode was truncated at t. Returns A; the returns are A + V.
+    when the episode was truncated at t. Returns A; the returns are A + V. Takes torch
+    tensors or numpy arrays (the same arithmetic).
     """
-    not_terminated = 1.0 - terminated.to(values.dtype)
-    not_done = 1.0 - (terminated | truncated).to(values.dtype)
+    xp = np if isinstance(values, np.ndarray) else torch  # host arrays: numpy's cheaper calls
+    if xp is np:
+        not_terminated = 1.0 - terminated.astype(values.dtype)
+        not_done = 1.0 - (terminated | truncated).astype(values.dtype)
+    else:
+        not_terminated = 1.0 - terminated.to(values.dtype)
+        not_done = 1.0 - (terminated | truncated).to(values.dtype)
     deltas = rewards + gamma * not_terminated * next_values - values
     carry = gamma * gae_lambda * not_done
-    advantages = torch.empty_like(values)
-    last = torch.zeros_like(values[0])
+    advantages = xp.empty_like(values)
+    last = xp.zeros_like(values[0])
     for t in range(values.shape[0] - 1, -1, -1):
         last = deltas[t] + carry[t] * last
         advantages[t] = last
@@ -256,8 +262,19 @@ class RolloutStorage:
                 f"compute_returns needs a full rollout; {self.step}/{self.num_steps} steps inserted"
             )
         next_value = checked(next_value, "next_value", (self.num_envs,), torch.float32)
-        next_values = torch.cat((self.values[1:], to_device(next_value, self.device).float()[None]))
         lam = gae_lambda if use_gae else 1.0
+        if self._views is not None:  # host memory: the same arithmetic in numpy
+            v = self._views
+            next_values = np.concatenate((v["values"][1:], next_value.float().numpy()[None]))
+            cut = v["terminated"] | v["life_lost"] if self._lives else v["terminated"]
+            advantages = compute_gae(
+                v["rewards"], v["values"], next_values, cut, v["truncated"], gamma, lam
+            )
+            self.advantages = torch.from_numpy(advantages)
+            self.returns = torch.from_numpy(advantages + v["values"])
+            self._returns_ready = True
+            return
+        next_values = torch.cat((self.values[1:], to_device(next_value, self.device).float()[None]))
         cut = self.terminated | self.life_lost if self._lives else self.terminated
         self.advantages = compute_gae(
             self.rewards, self.values, next_values, cut, self.truncated, gamma, lam
