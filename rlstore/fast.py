@@ -281,7 +281,16 @@ def _tie_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(a > b, 1.0, np.where(a == b, 0.5, 0.0))
 
 
-class HostPPOStep:
+class _ActorCriticStep:
+    """What the numpy update steps of an ActorCritic hold: the agent, its optimizer, and
+    numpy views of the actor's and critic's parameters."""
+
+    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.agent, self.optimizer = agent, optimizer
+        self.actor, self.critic = HostViews(agent.actor_path), HostViews(agent.critic_path)
+
+
+class HostPPOStep(_ActorCriticStep):
     """One PPO minibatch step in numpy, for an ActorCritic whose parameters are in host
     memory and a torch Adam optimizer: the loss of algos/ppo.py's ppo_loss with its
     gradient written out by hand (backpropagation through the two Tanh MLPs), gradient
@@ -290,10 +299,6 @@ class HostPPOStep:
     same optimizer). For these small MLPs a step is ~40 torch calls and an autograd graph;
     numpy's calls cost a fraction. float32 throughout: equal to the torch step to rounding.
     """
-
-    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.agent, self.adam = agent, FlatAdam.of(optimizer)
-        self.actor, self.critic = HostViews(agent.actor_path), HostViews(agent.critic_path)
 
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
@@ -334,7 +339,7 @@ class HostPPOStep:
         else:
             d_value = scale * 2 * error
         grads = run.gradients(d_ratio * ratio, d_value, cfg.ent_coef)
-        self.adam.step(grads, cfg.max_grad_norm)
+        FlatAdam.of(self.optimizer).step(grads, cfg.max_grad_norm)
 
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
         losses = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
@@ -346,25 +351,15 @@ class HostPPOStep:
         return {k: torch.tensor(float(v)) for k, v in losses.items()}
 
 
-class HostA2CStep:
+class HostA2CStep(_ActorCriticStep):
     """A2C's update in numpy, as HostPPOStep: algos/a2c.py's a2c_loss with its gradient by
     hand, clipping, and torch RMSprop's arithmetic on the parameters and its state."""
-
-    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.agent, self.optimizer = agent, optimizer
-        self.actor, self.critic = HostViews(agent.actor_path), HostViews(agent.critic_path)
 
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """An ActorCritic in host memory and a plain RMSprop (no momentum, not centered)."""
-        group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
-        return (
-            hasattr(agent, "act_on_host")
-            and isinstance(optimizer, torch.optim.RMSprop)
-            and group is not None
-            and not (group["weight_decay"] or group["momentum"] or group["centered"])
-            and not group.get("maximize", False)
-            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in group["params"])
+        return hasattr(agent, "act_on_host") and plain_in_host_memory(
+            optimizer, torch.optim.RMSprop, "weight_decay", "momentum", "centered"
         )
 
     def __call__(self, batch: Any, cfg: Any) -> dict[str, torch.Tensor]:
@@ -517,18 +512,22 @@ def _clip_coefficient(grads: list[np.ndarray], max_norm: float | None) -> float:
     return min(max_norm / (total + 1e-6), 1.0)
 
 
-def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
-    """A plain Adam (one group, no weight decay, amsgrad or maximize) over float32
-    parameters in host memory: what FlatAdam reproduces."""
+def plain_in_host_memory(optimizer: torch.optim.Optimizer, kind: type, *off: str) -> bool:
+    """`optimizer` is a `kind` with one group, the options `off` (and maximize) unset, over
+    float32 parameters in host memory: what the numpy steps reproduce."""
     group = optimizer.param_groups[0] if len(optimizer.param_groups) == 1 else None
     return (
-        isinstance(optimizer, torch.optim.Adam)
+        isinstance(optimizer, kind)
         and group is not None
-        and not group["weight_decay"]
-        and not group["amsgrad"]
-        and not group["maximize"]
+        and not any(group[option] for option in off)
+        and not group.get("maximize", False)
         and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in group["params"])
     )
+
+
+def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
+    """A plain Adam (no weight decay or amsgrad) in host memory: what FlatAdam reproduces."""
+    return plain_in_host_memory(optimizer, torch.optim.Adam, "weight_decay", "amsgrad")
 
 
 class HostDQNStep:
