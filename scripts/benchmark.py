@@ -81,12 +81,14 @@ def child_rlstore(
     ppo_envs: int,
     config: str,
     env: str = "CartPole-v1",
+    one_thread: bool = True,
 ) -> dict:
     import tempfile
 
     import torch
 
-    torch.set_num_threads(1)
+    if one_thread:  # else each trainer's own default (rlstore's auto, torch's for SB3)
+        torch.set_num_threads(1)
     from rlstore.config import resolve
 
     with tempfile.TemporaryDirectory() as logdir:
@@ -113,10 +115,12 @@ def child_sb3(
     device: str,
     ppo_envs: int,
     env: str = "CartPole-v1",
+    one_thread: bool = True,
 ) -> dict:
     import torch
 
-    torch.set_num_threads(1)
+    if one_thread:  # else each trainer's own default (rlstore's auto, torch's for SB3)
+        torch.set_num_threads(1)
     from stable_baselines3 import DQN, PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -442,6 +446,11 @@ def main() -> None:
         help="run rlstore's ALGO with --config FILE (e.g. a fast preset)",
     )
     parser.add_argument("--no-sb3", action="store_true", help="rlstore runs only")
+    parser.add_argument(
+        "--default-threads",
+        action="store_true",
+        help="each trainer at its own default thread count, as users run them",
+    )
     parser.add_argument("--env", default="CartPole-v1", help="for PPO: e.g. HalfCheetah-v4")
     parser.add_argument("--device", default="cpu", help="cpu or cuda, for both trainers")
     parser.add_argument(
@@ -470,6 +479,7 @@ def main() -> None:
                     device=args.device,
                     ppo_envs=args.ppo_envs,
                     env=args.env,
+                    one_thread=not args.default_threads,
                 )
                 if trainer == "rlstore":
                     spec["config"] = configs.get(algo, "")
@@ -499,8 +509,14 @@ def main() -> None:
         + (f" --device {args.device}" if args.device != "cpu" else "")
         + (f" --ppo-envs {args.ppo_envs}" if args.ppo_envs != 4 else "")
         + (f" --env {args.env}" if args.env != "CartPole-v1" else "")
+        + (" --default-threads" if args.default_threads else "")
         + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
-        "single-threaded process, the trainers alternating.",
+        + (
+            "process at its trainer's default threads (rlstore: 1; SB3: torch's, one per core)"
+            if args.default_threads
+            else "single-threaded process"
+        )
+        + ", the trainers alternating.",
         "",
         "| trainer | algo | seed | steps | steps/s | s from launch to 475 | peak RSS MB |",
         "|---|---|---|---|---|---|---|",
