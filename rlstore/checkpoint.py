@@ -8,6 +8,8 @@ A checkpoint (`checkpoints/step_<global step>.pt`) holds everything a resumed ru
     global_step     env steps done; last_log_step: where the last update scalars went
     episodes        returns, lengths and global steps of every finished episode
     episode_stats   the episodes in progress (EpisodeStats.state_dict)
+    wall_seconds    wall time of the run so far, over all its processes (absent before it
+                    was added: counted as 0)
     rng             python, numpy and torch RNG states
     policy          the policy spec (rlstore.networks.policy_spec): what rebuilds the network
     algorithm       the algorithm's own state (rlstore.run.TrainingState.state_dict)
@@ -15,6 +17,10 @@ A checkpoint (`checkpoints/step_<global step>.pt`) holds everything a resumed ru
 The final policy (`model.pt`) holds format POLICY_FORMAT, algo, env_id, global_step, the
 config, the policy network's state_dict, its spec and its observation normalizer's
 statistics (None without one). `read_policy` reads either file.
+
+A finished run also writes `summary.json` (`write_summary`): algo, env_id, seed,
+global_step, wall_seconds and the episodes, in JSON, so that suites and scripts read a
+run's results without loading tensors.
 
 Both are dicts of tensors and plain values written with torch.save and read with
 torch.load(weights_only=True): loading executes no code. numpy arrays are stored as
@@ -123,6 +129,13 @@ def read_newest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | Non
         except ValueError as e:
             print(f"rlstore: warning: skipping {e}", file=sys.stderr)
     return None
+
+
+def write_summary(path: Path, **fields: Any) -> None:
+    """Write summary.json (the fields listed at the top of this module), atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(fields) + "\n")
+    os.replace(tmp, path)
 
 
 def write_policy(path: Path, **fields: Any) -> None:

@@ -27,7 +27,7 @@ from rlstore.config import CONFIG_CLASSES, apply_overrides, read_config, resolve
 from rlstore.errors import TrainingInterrupted, UsageError
 
 USAGE = """\
-usage: rlstore {train,resume,eval} ... | rlstore --version
+usage: rlstore {train,resume,eval,benchmark,plot,sweep} ... | rlstore --version
 
 rlstore: a reference RL trainer built around correct, resumable storage.
 
@@ -37,6 +37,9 @@ commands:
   train dqn    Deep Q-Network (Double, dueling, n-step, prioritized replay as options)
   resume DIR   continue an interrupted run from its newest checkpoint
   eval DIR     evaluate a run's trained policy
+  benchmark SUITE   run a suite of algorithms x envs x seeds; results table and curves
+  plot DIR...  learning curves (mean +- std over seeds) from runs' TensorBoard files
+  sweep SPEC   tune hyperparameters with Ray Tune and Optuna, several seeds per trial
 
 Run `rlstore train ppo --help` for every option. Monitor with `tensorboard --logdir runs`.
 """
@@ -73,6 +76,59 @@ class EvalArgs:
     """Record the first episode to {run_dir}/videos (needs moviepy: rlstore[video])."""
     checkpoint: str | None = None
     """Evaluate this checkpoint file instead of the final model."""
+
+
+@dataclass
+class BenchmarkArgs:
+    """Run every run of a suite (skipping finished runs, resuming interrupted ones), then
+    write the results table (results.md, results.json) and curves.png. Exit status 1 when a
+    row falls below its reference band."""
+
+    suite: tyro.conf.Positional[str]
+    """A suite TOML file, or the name of a shipped one (classic, box2d, mujoco, atari-short)."""
+    out: str | None = None
+    """Output directory (runs/, logs/, results); default benchmarks/{suite name}."""
+    workers: int | None = None
+    """Runs at a time (one torch thread each); default: this machine's cores."""
+    address: str | None = None
+    """HOST:PORT of a Ray cluster to run on (needs rlstore[sweep]); default: this machine."""
+    plot: bool = True
+    """Draw curves.png (needs rlstore[plot])."""
+
+
+@dataclass
+class PlotArgs:
+    """Learning curves from runs' TensorBoard event files: mean and a +- std band across the
+    seeds of each env and run name, against env steps."""
+
+    paths: tyro.conf.Positional[tuple[str, ...]]
+    """Run directories, directories holding runs, or globs."""
+    out: str | None = "curves.png"
+    """The PNG to write (needs rlstore[plot]); --out None writes none."""
+    csv: str | None = None
+    """Also write the curves (env, name, runs, step, mean, std) to this CSV file."""
+    tag: str = "charts/episodic_return"
+    """The scalar to plot."""
+    smooth: int = 1
+    """Trailing moving-average window, in logged points, applied to each run."""
+    points: int = 200
+    """Grid points per curve."""
+
+
+@dataclass
+class SweepArgs:
+    """Search hyperparameters with Ray Tune (Optuna's TPE, early stopping of bad trials);
+    each trial's score is the mean over its seeds. Writes best.toml, which
+    `rlstore train ALGO --config best.toml --seed N` reproduces exactly."""
+
+    spec: tyro.conf.Positional[str]
+    """The sweep spec (TOML); docs/sweeps.md gives the format."""
+    out: str | None = None
+    """Output directory; default sweeps/{spec file name}. Run again to continue."""
+    address: str | None = None
+    """HOST:PORT of a Ray cluster to run on; default: Ray started in this process."""
+    workers: int | None = None
+    """Trials at a time on this machine; default: its cores."""
 
 
 def parse_train(args: list[str]):
@@ -184,6 +240,24 @@ def main(argv: list[str] | None = None) -> int:
             evaluate(parsed.run_dir, parsed.episodes, parsed.deterministic, parsed.video,
                      parsed.checkpoint)  # fmt: skip
             return 0
+        elif command == "benchmark":
+            parsed = parse_args(BenchmarkArgs, rest, "rlstore benchmark")
+            from rlstore.suite import benchmark
+
+            return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address, parsed.plot)
+        elif command == "plot":
+            parsed = parse_args(PlotArgs, rest, "rlstore plot")
+            from rlstore.plot import plot
+
+            plot(list(parsed.paths), parsed.out, parsed.csv, parsed.tag, parsed.smooth,
+                 parsed.points)  # fmt: skip
+            print(f"rlstore plot: {', '.join(filter(None, (parsed.out, parsed.csv)))}")
+            return 0
+        elif command == "sweep":
+            parsed = parse_args(SweepArgs, rest, "rlstore sweep")
+            from rlstore.sweep import sweep
+
+            return sweep(parsed.spec, parsed.out, parsed.address, parsed.workers)
         else:
             raise UsageError(f"unknown command '{command}'; try `rlstore --help`")
         module = importlib.import_module(f"rlstore.algos.{algo}")

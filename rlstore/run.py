@@ -40,6 +40,7 @@ from rlstore.checkpoint import (
     set_rng_state,
     write_checkpoint,
     write_policy,
+    write_summary,
 )
 from rlstore.config import CommonConfig, validate
 from rlstore.envs import EpisodeStats, check_env_id
@@ -239,9 +240,12 @@ class Run:
         algo: str,
         preset: Path | None = None,
         resume_dir: Path | None = None,
+        report: Callable[[int, list[float]], None] | None = None,
     ) -> None:
         """Check everything that can be checked before anything is built, set torch's
-        threads, seed the RNGs and pick the device (`self.device`)."""
+        threads, seed the RNGs and pick the device (`self.device`). `report`, if given, is
+        called with the step count and every finished episode's return whenever the update
+        scalars are logged (sweeps watch a run's progress through it)."""
         validate(cfg)
         check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
@@ -254,7 +258,9 @@ class Run:
         self._blas_threads = threadpool_limits(threads, user_api="blas")
         seed_everything(cfg.seed)
         self.cfg, self.algo, self.preset, self.resume_dir = cfg, algo, preset, resume_dir
+        self.report = report
         self.global_step = 0
+        self.seconds_before = 0.0  # wall time of the processes that ran before a resume
         self.last_log_step = 0
         self.episode_returns: list[float] = []
         self.episode_lengths: list[int] = []
@@ -338,6 +344,7 @@ class Run:
             )
         self.global_step = checkpoint["global_step"]
         self.last_log_step = checkpoint["last_log_step"]
+        self.seconds_before = checkpoint.get("wall_seconds", 0.0)
         episodes = checkpoint["episodes"]
         self.episode_returns = list(episodes["returns"])
         self.episode_lengths = list(episodes["lengths"])
@@ -408,6 +415,8 @@ class Run:
                 self.writer.add_scalar(name, float(value), self.global_step)
             self.writer.add_scalar("charts/SPS", sps, self.global_step)
         self.progress.update(self.global_step, self.recent_mean_return)
+        if self.report is not None:
+            self.report(self.global_step, self.episode_returns)
 
     # -- signals and checkpoints --------------------------------------------------------------
 
@@ -435,6 +444,7 @@ class Run:
                 "steps": self.episode_steps,
             },
             episode_stats=self.stats.state_dict(),
+            wall_seconds=self.wall_seconds(),
             rng=rng_state(),
             policy=self.state.policy_spec,
             algorithm=self.state.state_dict(),
@@ -442,6 +452,10 @@ class Run:
         for old in checkpoint_files(directory)[self.cfg.keep_checkpoints :]:
             old.unlink()
         return path
+
+    def wall_seconds(self) -> float:
+        """Wall time of the whole run so far, the processes before a resume included."""
+        return self.seconds_before + time.perf_counter() - self.start_time
 
     # -- the end ------------------------------------------------------------------------------
 
@@ -472,6 +486,19 @@ class Run:
             obs_normalizer=normalizer.state_dict() if normalizer else None,
         )
         seconds = time.perf_counter() - self.start_time
+        write_summary(
+            self.dir / "summary.json",
+            algo=self.algo,
+            env_id=self.cfg.env_id,
+            seed=self.cfg.seed,
+            global_step=self.global_step,
+            wall_seconds=self.wall_seconds(),
+            episodes={
+                "returns": self.episode_returns,
+                "lengths": self.episode_lengths,
+                "steps": self.episode_steps,
+            },
+        )
         self.close()
         self.progress.update(self.global_step, self.recent_mean_return, force=True)
         self.progress.close()

@@ -6,6 +6,7 @@ collect -> compute returns -> one update -> log.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,13 +49,18 @@ def a2c_loss(
     }
 
 
-def train(cfg: A2CConfig, preset: Path | None = None, resume: Path | None = None) -> TrainResult:
+def train(
+    cfg: A2CConfig,
+    preset: Path | None = None,
+    resume: Path | None = None,
+    report: Callable[[int, list[float]], None] | None = None,
+) -> TrainResult:
     """Train A2C as configured, or continue the run in `resume` from its newest checkpoint.
 
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, "a2c", preset, resume)
+    run = Run(cfg, "a2c", preset, resume, report)
     agent, storage, state = build_actor_critic(cfg, "a2c", run.device)
     optimizer = torch.optim.RMSprop(
         agent.parameters(),

@@ -120,6 +120,7 @@ def train(
     preset: Path | None = None,
     resume: Path | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    report: Callable[[int, list[float]], None] | None = None,
 ) -> TrainResult:
     """Train DQN as configured, or continue the run in `resume` from its newest checkpoint.
 
@@ -127,7 +128,7 @@ def train(
     watch the target network and epsilon).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, "dqn", preset, resume)
+    run = Run(cfg, "dqn", preset, resume, report)
     device = run.device
     envs = make_training_envs(cfg, "dqn")
     obs_space, action_space = envs.single_observation_space, envs.single_action_space

@@ -6,6 +6,7 @@ collect -> compute returns -> minibatch updates -> log.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,13 +95,18 @@ def ppo_update(
     return losses
 
 
-def train(cfg: PPOConfig, preset: Path | None = None, resume: Path | None = None) -> TrainResult:
+def train(
+    cfg: PPOConfig,
+    preset: Path | None = None,
+    resume: Path | None = None,
+    report: Callable[[int, list[float]], None] | None = None,
+) -> TrainResult:
     """Train PPO as configured, or continue the run in `resume` from its newest checkpoint.
 
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, "ppo", preset, resume)
+    run = Run(cfg, "ppo", preset, resume, report)
     agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
     # fused: one kernel for all parameters instead of a Python loop over them
     optimizer = torch.optim.Adam(

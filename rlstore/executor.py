@@ -1,0 +1,270 @@
+"""Many runs: one run as a spec that finishes itself, and the executors that run many.
+
+A `RunSpec` names a run by what makes it (algorithm, env, seed, config overrides) and where
+it lives (logdir, name). `complete()` finishes it whatever state it is in: a finished run
+is read back, an interrupted one resumes from its newest checkpoint, and one that never
+reached a checkpoint starts again. So a suite or a sweep that is stopped and started again
+continues where it was, and its runs stay ordinary run directories.
+
+Executors run specs as child processes, `python -m rlstore.executor SPEC_JSON`, each with
+one torch thread (rlstore's default): `LocalExecutor` on this machine with a bounded number
+of workers, needing no server; `RayExecutor` as Ray tasks on a cluster (`connect_ray`,
+which sweeps share). SIGINT or SIGTERM to the executor reaches every running child, which
+checkpoints and stops; the next start resumes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlstore.config import CommonConfig, resolve
+from rlstore.errors import TrainingInterrupted, UsageError
+
+# Fields a run directory may differ in and still be the same run.
+NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads")
+
+
+def available_cores() -> int:
+    """The cores this process may use (its CPU affinity, where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+@dataclass
+class RunSpec:
+    """One run: `rlstore train {algo} --env {env_id} --seed {seed}` with `overrides` (config
+    fields), in `logdir` under the name `name` (the run directory's middle part)."""
+
+    algo: str
+    env_id: str
+    seed: int
+    name: str
+    logdir: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    log_file: str | None = None  # where the child process writes its output
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.env_id} seed {self.seed}"
+
+    def config(self) -> tuple[CommonConfig, Path | None]:
+        """The run's config (preset < overrides) and the preset it used."""
+        fixed = dict(seed=self.seed, logdir=self.logdir, exp_name=self.name, progress=False)
+        return resolve(self.algo, self.env_id, {**self.overrides, **fixed})
+
+    def directories(self) -> list[Path]:
+        """Run directories of this run under logdir, newest first (normally one)."""
+        stem = f"{self.env_id.replace('/', '_').replace(':', '_')}__{self.name}__{self.seed}__"
+        found = [p for p in Path(self.logdir).glob(stem + "*") if (p / "config.json").is_file()]
+        return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+    def state(self) -> tuple[str, Path | None]:
+        """("done", dir), ("interrupted", dir) or ("new", None). A directory with neither
+        summary nor checkpoint (killed before its first checkpoint) is removed. A directory
+        whose config differs from this spec's is a UsageError: the suite or sweep changed."""
+        cfg, _ = self.config()
+        for path in self.directories():
+            check_same_config(path, self.algo, cfg)
+            summary = path / "summary.json"
+            if summary.is_file() and json.loads(summary.read_text())["global_step"] >= (
+                cfg.steps_run
+            ):
+                return "done", path
+            if any((path / "checkpoints").glob("step_*.pt")):
+                return "interrupted", path
+            shutil.rmtree(path)
+        return "new", None
+
+    def complete(self, report: Callable[[int, list[float]], None] | None = None) -> dict:
+        """Finish the run in this process (start, resume or read it back); its summary."""
+        status, path = self.state()
+        if status != "done":
+            cfg, preset = self.config()
+            train = importlib.import_module(f"rlstore.algos.{self.algo}").train
+            path = train(cfg, preset, resume=path, report=report).run_dir
+        return read_summary(path)
+
+
+def check_same_config(path: Path, algo: str, cfg: CommonConfig) -> None:
+    """The run in `path` was made by `algo` with `cfg` (up to NOT_IDENTITY), or a UsageError."""
+    record = json.loads((path / "config.json").read_text())
+    wanted = {"algo": algo, **dataclasses.asdict(cfg)}
+    differ = sorted(
+        k for k, v in wanted.items() if k not in NOT_IDENTITY and _plain(record.get(k)) != _plain(v)
+    )
+    if differ:
+        raise UsageError(
+            f"{path} was made with other settings ({', '.join(differ[:4])}) than the run "
+            "asked for now; move it away or use another output directory"
+        )
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def read_summary(run_dir: Path) -> dict:
+    """summary.json of a finished run, plus its directory."""
+    return json.loads((Path(run_dir) / "summary.json").read_text()) | {"run_dir": str(run_dir)}
+
+
+def child_command(spec: RunSpec) -> list[str]:
+    """The command line that completes `spec` in a child process."""
+    return [sys.executable, "-m", "rlstore.executor", json.dumps(dataclasses.asdict(spec))]
+
+
+# -- executors ----------------------------------------------------------------------------------
+
+Done = Callable[[RunSpec, int], None]  # called with each spec and its child's exit status
+
+
+class LocalExecutor:
+    """Runs specs as child processes on this machine, at most `workers` at a time."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers or available_cores()
+
+    def run(self, specs: Iterable[RunSpec], on_done: Done) -> int | None:
+        """Run every spec; the signal that stopped it early, or None."""
+        pending, running = list(specs), {}
+        stopped: list[int] = []
+
+        def forward(signum: int, frame: Any) -> None:
+            stopped.append(signum)
+            for child in running:  # each checkpoints and stops
+                child.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while pending or running:
+                while pending and not stopped and len(running) < self.workers:
+                    spec = pending.pop(0)
+                    running[_start_child(spec)] = spec
+                for child in [c for c in running if c.poll() is not None]:
+                    on_done(running.pop(child), child.returncode)
+                time.sleep(0.05)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return stopped[0] if stopped else None
+
+
+def _start_child(spec: RunSpec) -> subprocess.Popen:
+    # its own session: a Ctrl-C reaches it once, through the executor
+    log = open(spec.log_file, "a") if spec.log_file else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        return subprocess.Popen(
+            child_command(spec), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    finally:
+        if spec.log_file:
+            log.close()
+
+
+def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
+    """Start Ray in this process (no address) or join the cluster at HOST:PORT; the ray module.
+    A missing Ray or a cluster that does not answer is one clear UsageError."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(
+            'this needs Ray, which is not installed: pip install "rlstore[sweep]"'
+        ) from None
+    if ray.is_initialized():
+        return ray
+    if address is None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        return ray
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--address '{address}' is not HOST:PORT (such as 127.0.0.1:6379)")
+    try:  # ray.init itself would retry for a minute or more
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise UsageError(
+            f"no Ray cluster answers at {address} ({e.strerror or e}); start one with "
+            "`ray start --head` or leave out --address to run on this machine"
+        ) from None
+    ray.init(address=address, log_to_driver=False)
+    return ray
+
+
+class RayExecutor:
+    """Runs specs as Ray tasks (one CPU each) on the cluster at `address`, or on a Ray
+    started in this process. Run directories are written where each task runs: on a
+    cluster of several machines, give a logdir on storage every node shares."""
+
+    def __init__(self, address: str | None, workers: int | None = None) -> None:
+        self.ray = connect_ray(address, workers)
+
+    def run(self, specs: Iterable[RunSpec], on_done: Done) -> int | None:
+        ray = self.ray
+        task = ray.remote(num_cpus=1, max_retries=0)(_complete_in_child)
+        refs = {task.remote(spec): spec for spec in specs}
+        stopped: list[int] = []
+
+        def cancel(signum: int, frame: Any) -> None:
+            stopped.append(signum)
+            for ref in refs:  # KeyboardInterrupt in each task: its child checkpoints
+                ray.cancel(ref)
+
+        previous = {s: signal.signal(s, cancel) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+                for ref in ready:
+                    spec = refs.pop(ref)
+                    try:
+                        status = ray.get(ref)
+                    except (ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError):
+                        status = 128 + (stopped[0] if stopped else signal.SIGTERM)
+                    on_done(spec, status)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return stopped[0] if stopped else None
+
+
+def _complete_in_child(spec: RunSpec) -> int:
+    """A Ray task: complete `spec` in a child process; its exit status."""
+    Path(spec.logdir).mkdir(parents=True, exist_ok=True)
+    if spec.log_file:
+        Path(spec.log_file).parent.mkdir(parents=True, exist_ok=True)
+    child = _start_child(spec)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # ray.cancel: let the run checkpoint, then stop
+        child.send_signal(signal.SIGINT)
+        return child.wait()
+
+
+def main(argv: list[str]) -> int:
+    """The child process: complete the spec given as JSON; exit 0, 2 (usage), 130 or 143."""
+    spec = RunSpec(**json.loads(argv[0]))
+    try:
+        spec.complete()
+    except UsageError as e:
+        print(f"rlstore: error: {e}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as e:
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,307 @@
+"""`rlstore benchmark SUITE`: every run of a suite, its results table and its curves.
+
+A suite is a TOML file (configs/suites/ has the shipped ones; docs/benchmarks.md the
+format): rows of algorithm x env x seeds x budget, optional config overrides, and per row
+an optional reference band of the score with its source. The runs go to OUT/runs as
+ordinary run directories, at most `workers` at a time; a second start skips the finished
+runs and resumes the interrupted ones. The score of a run is the mean of its last `window`
+(100) training episode returns, as published tables score; a row's is the mean +- std
+over its seeds. The exit status is 1 when a row falls below its band.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tomllib
+
+from rlstore.config import PRESET_DIR, validate
+from rlstore.errors import UsageError
+from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, read_summary
+
+SUITE_KEYS = ("name", "description", "seeds", "window", "row")
+ROW_KEYS = ("name", "algo", "env", "steps", "seeds", "overrides", "threshold", "band", "source")
+REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
+
+
+@dataclass
+class Row:
+    name: str
+    algo: str
+    env: str
+    steps: int
+    seeds: list[int]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    threshold: float | None = None
+    band: tuple[float, float] | None = None
+    source: str | None = None
+
+    def specs(self, out: Path) -> list[RunSpec]:
+        return [
+            RunSpec(
+                self.algo,
+                self.env,
+                seed,
+                self.name,
+                str(out / "runs"),
+                {**self.overrides, "total_timesteps": self.steps},
+                str(out / "logs" / f"{self.name}__{self.env.replace('/', '_')}__{seed}.log"),
+            )
+            for seed in self.seeds
+        ]
+
+
+@dataclass
+class Suite:
+    name: str
+    rows: list[Row]
+    window: int = 100
+    description: str = ""
+
+
+def find_suite(value: str) -> Path:
+    """A suite file, or the name of a shipped one (`classic` is configs/suites/classic.toml)."""
+    path = Path(value)
+    if path.is_file() or "/" in value or path.suffix == ".toml":
+        if not path.is_file():
+            raise UsageError(f"suite file '{value}' does not exist")
+        return path
+    shipped = PRESET_DIR / "suites" / f"{value}.toml"
+    if not shipped.is_file():
+        names = ", ".join(sorted(p.stem for p in shipped.parent.glob("*.toml")))
+        raise UsageError(f"'{value}' is neither a suite file nor a shipped suite ({names})")
+    return shipped
+
+
+def load_suite(path: Path) -> Suite:
+    """Read and check a suite file: unknown keys and wrong types are UsageErrors."""
+    where = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"suite '{where}' is not valid TOML: {e}") from None
+    _known(data, SUITE_KEYS, where)
+    seeds = _seeds(data.get("seeds", [1, 2, 3]), where)
+    window = data.get("window", 100)
+    if not isinstance(window, int) or window < 1:
+        raise UsageError(f"{where}: window must be a whole number >= 1 (got {window!r})")
+    rows = []
+    for i, raw in enumerate(data.get("row", [])):
+        at = f"{where}, row {i + 1}"
+        if not isinstance(raw, dict):
+            raise UsageError(f"{at}: write rows as [[row]] tables")
+        _known(raw, ROW_KEYS, at)
+        for key in ("algo", "env", "steps"):
+            if key not in raw:
+                raise UsageError(f"{at}: '{key}' is missing")
+        if not isinstance(raw["steps"], int) or raw["steps"] < 1:
+            raise UsageError(f"{at}: steps must be a whole number >= 1 (got {raw['steps']!r})")
+        band = raw.get("band")
+        if band is not None and not (
+            isinstance(band, list) and len(band) == 2 and all(_number(b) for b in band)
+        ):
+            raise UsageError(f"{at}: band must be [low, high] (got {band!r})")
+        if not _number(raw.get("threshold", 0)):
+            raise UsageError(f"{at}: threshold must be a number")
+        if not isinstance(raw.get("overrides", {}), dict):
+            raise UsageError(f"{at}: overrides must be a table of config fields")
+        rows.append(
+            Row(
+                name=str(raw.get("name", raw["algo"])),
+                algo=raw["algo"],
+                env=raw["env"],
+                steps=raw["steps"],
+                seeds=_seeds(raw.get("seeds", seeds), at),
+                overrides=raw.get("overrides", {}),
+                threshold=raw.get("threshold"),
+                band=tuple(band) if band else None,
+                source=raw.get("source"),
+            )
+        )
+    if not rows:
+        raise UsageError(f"{where} has no [[row]]; see docs/benchmarks.md for the format")
+    seen = set()
+    for row in rows:
+        if (row.name, row.env) in seen:
+            raise UsageError(f"{where}: two rows are {row.name} on {row.env}; give each a name")
+        seen.add((row.name, row.env))
+    return Suite(str(data.get("name", path.stem)), rows, window, str(data.get("description", "")))
+
+
+def _known(table: dict, keys: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(keys)}"
+            raise UsageError(f"{where}: unknown key '{key}'{hint}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    if not (isinstance(value, list) and value and all(isinstance(s, int) for s in value)):
+        raise UsageError(f"{where}: seeds must be a non-empty list of whole numbers")
+    return value
+
+
+def preflight(rows: list[Row]) -> None:
+    """Everything that can fail before a run starts: configs, env ids and extras, whether
+    the algorithm fits the env's spaces."""
+    from rlstore.envs import make_vec_env
+
+    for row in rows:
+        cfg, _ = row.specs(Path("."))[0].config()
+        validate(cfg)
+        make_vec_env(row.env, 1, 0, "sync", algo=row.algo).close()
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+def run_result(summary: dict, window: int, threshold: float | None) -> dict:
+    """One run's numbers from its summary.json."""
+    returns = summary["episodes"]["returns"]
+    steps = summary["episodes"]["steps"]
+    reached = None
+    if threshold is not None and len(returns) >= REACH_WINDOW:
+        means = np.convolve(returns, np.ones(REACH_WINDOW) / REACH_WINDOW, mode="valid")
+        hits = np.flatnonzero(means >= threshold)
+        reached = int(steps[hits[0] + REACH_WINDOW - 1]) if len(hits) else None
+    return {
+        "seed": summary["seed"],
+        "run_dir": summary["run_dir"],
+        "score": float(np.mean(returns[-window:])) if returns else float("nan"),
+        "episodes": len(returns),
+        "steps": summary["global_step"],
+        "reached_at": reached,
+        "wall_seconds": summary["wall_seconds"],
+        "steps_per_second": summary["global_step"] / max(summary["wall_seconds"], 1e-9),
+    }
+
+
+def row_result(row: Row, runs: list[dict]) -> dict:
+    scores = [r["score"] for r in runs]
+    mean, std = float(np.mean(scores)), float(np.std(scores))
+    reached = [r["reached_at"] for r in runs if r["reached_at"] is not None]
+    return {
+        "name": row.name,
+        "algo": row.algo,
+        "env": row.env,
+        "steps": row.steps,
+        "seeds": row.seeds,
+        "score_mean": mean,
+        "score_std": std,
+        "band": list(row.band) if row.band else None,
+        "source": row.source,
+        "below_band": bool(row.band is not None and mean < row.band[0]),
+        "threshold": row.threshold,
+        "reached": len(reached),
+        "steps_to_threshold": float(np.median(reached)) if reached else None,
+        "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs])),
+        "steps_per_second": float(np.mean([r["steps_per_second"] for r in runs])),
+        "runs": runs,
+    }
+
+
+def results_markdown(suite: Suite, rows: list[dict]) -> str:
+    lines = [
+        f"# Benchmark: {suite.name}",
+        "",
+        f"Score: per seed, the mean of the last {suite.window} training episode returns; per "
+        "row, the mean +- std (population) over seeds. Steps to threshold: the median over "
+        f"the seeds that got there of the first env step where the mean of the last "
+        f"{REACH_WINDOW} returns met it. Wall time and steps/s: per run, mean over seeds.",
+        "",
+        "| row | env | steps | seeds | score | reference band | steps to threshold "
+        "| wall s/run | steps/s | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        band = f"[{r['band'][0]:g}, {r['band'][1]:g}]" if r["band"] else "-"
+        to = "-"
+        if r["threshold"] is not None:
+            reached = f"{r['reached']}/{len(r['seeds'])} reached {r['threshold']:g}"
+            steps = f"{r['steps_to_threshold']:,.0f}, " if r["reached"] else ""
+            to = steps + reached
+        verdict = "-" if not r["band"] else ("BELOW" if r["below_band"] else "ok")
+        lines.append(
+            f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
+            f"{r['score_mean']:.1f} +- {r['score_std']:.1f} | {band} | {to} | "
+            f"{r['wall_seconds']:.1f} | {r['steps_per_second']:,.0f} | {verdict} |"
+        )
+    sources = [f"- {r['name']} on {r['env']}: {r['source']}" for r in rows if r["source"]]
+    if sources:
+        lines += ["", "Reference bands:", "", *sources]
+    return "\n".join(lines) + "\n"
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def benchmark(
+    suite_arg: str, out: str | None, workers: int | None, address: str | None, plot: bool
+) -> int:
+    suite = load_suite(find_suite(suite_arg))
+    out_dir = Path(out or Path("benchmarks") / suite.name).resolve()
+    preflight(suite.rows)
+    specs = [spec for row in suite.rows for spec in row.specs(out_dir)]
+    states = [spec.state()[0] for spec in specs]
+    todo = [spec for spec, state in zip(specs, states, strict=True) if state != "done"]
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    executor = LocalExecutor(workers) if address is None else RayExecutor(address, workers)
+    where = f"Ray at {address}" if address else f"{executor.workers} workers"
+    print(
+        f"rlstore benchmark {suite.name}: {len(specs)} runs in {out_dir}: "
+        f"{states.count('done')} finished, {states.count('interrupted')} to resume, "
+        f"{states.count('new')} to start; {where}",
+        flush=True,
+    )
+    failed: list[RunSpec] = []
+    start = time.perf_counter()
+
+    def on_done(spec: RunSpec, status: int) -> None:
+        word = {0: "finished", 130: "interrupted", 143: "interrupted"}.get(status, "FAILED")
+        print(f"  {spec.label}: {word} ({time.perf_counter() - start:.0f} s)", flush=True)
+        if word == "FAILED":
+            failed.append(spec)
+
+    stopped = executor.run(todo, on_done)
+    if stopped is not None:
+        print("rlstore benchmark: interrupted; run the same command again to continue")
+        return 128 + stopped
+    if failed:
+        for spec in failed:
+            print(f"rlstore benchmark: {spec.label} failed; its output: {spec.log_file}")
+        return 1
+    rows = []
+    for row in suite.rows:
+        runs = [
+            run_result(read_summary(spec.state()[1]), suite.window, row.threshold)
+            for spec in row.specs(out_dir)
+        ]
+        rows.append(row_result(row, runs))
+    text = results_markdown(suite, rows)
+    (out_dir / "results.md").write_text(text)
+    (out_dir / "results.json").write_text(json.dumps({"suite": suite.name, "rows": rows}, indent=1))
+    print(text, end="")
+    if plot:
+        _plot_suite(out_dir)
+    print(f"rlstore benchmark: results in {out_dir}/results.md and results.json")
+    return 1 if any(r["below_band"] for r in rows) else 0
+
+
+def _plot_suite(out_dir: Path) -> None:
+    from rlstore.plot import plot
+
+    try:
+        plot([str(out_dir / "runs")], png=str(out_dir / "curves.png"))
+    except UsageError as e:  # matplotlib missing, or runs without event files
+        print(f"rlstore benchmark: no curves: {e}")
