@@ -28,10 +28,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlstore.config import CommonConfig, resolve
 from rlstore.errors import TrainingInterrupted, UsageError
+
+if TYPE_CHECKING:
+    from rlstore.run import Run
 
 # Fields a run directory may differ in and still be the same run.
 NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads")
@@ -90,7 +93,7 @@ class RunSpec:
             shutil.rmtree(path)
         return "new", None
 
-    def complete(self, report: Callable[[int, list[float]], None] | None = None) -> dict:
+    def complete(self, report: Callable[[Run], None] | None = None) -> dict:
         """Finish the run in this process (start, resume or read it back); its summary."""
         status, path = self.state()
         if status != "done":

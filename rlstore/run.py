@@ -115,7 +115,8 @@ class Progress:
     def __init__(self, total: int, label: str, enabled: bool = True, start_step: int = 0) -> None:
         self.total, self.label, self.enabled = total, label, enabled
         self.start_step = start_step  # steps done before this process (a resumed run)
-        self.tty = sys.stderr.isatty()
+        # (some stderr replacements, such as Ray's, have no isatty)
+        self.tty = getattr(sys.stderr, "isatty", lambda: False)()
         self.start = time.perf_counter()
         self.last_draw = 0.0
 
@@ -240,12 +241,12 @@ class Run:
         algo: str,
         preset: Path | None = None,
         resume_dir: Path | None = None,
-        report: Callable[[int, list[float]], None] | None = None,
+        report: Callable[[Run], None] | None = None,
     ) -> None:
         """Check everything that can be checked before anything is built, set torch's
         threads, seed the RNGs and pick the device (`self.device`). `report`, if given, is
-        called with the step count and every finished episode's return whenever the update
-        scalars are logged (sweeps watch a run's progress through it)."""
+        called with the Run whenever the update scalars are logged (sweeps watch a run's
+        episodes through it)."""
         validate(cfg)
         check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
@@ -416,7 +417,7 @@ class Run:
             self.writer.add_scalar("charts/SPS", sps, self.global_step)
         self.progress.update(self.global_step, self.recent_mean_return)
         if self.report is not None:
-            self.report(self.global_step, self.episode_returns)
+            self.report(self)
 
     # -- signals and checkpoints --------------------------------------------------------------
 

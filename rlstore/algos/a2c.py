@@ -53,7 +53,7 @@ def train(
     cfg: A2CConfig,
     preset: Path | None = None,
     resume: Path | None = None,
-    report: Callable[[int, list[float]], None] | None = None,
+    report: Callable[[Run], None] | None = None,
 ) -> TrainResult:
     """Train A2C as configured, or continue the run in `resume` from its newest checkpoint.
 

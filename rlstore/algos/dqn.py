@@ -120,7 +120,7 @@ def train(
     preset: Path | None = None,
     resume: Path | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
-    report: Callable[[int, list[float]], None] | None = None,
+    report: Callable[[Run], None] | None = None,
 ) -> TrainResult:
     """Train DQN as configured, or continue the run in `resume` from its newest checkpoint.
 

@@ -99,7 +99,7 @@ def train(
     cfg: PPOConfig,
     preset: Path | None = None,
     resume: Path | None = None,
-    report: Callable[[int, list[float]], None] | None = None,
+    report: Callable[[Run], None] | None = None,
 ) -> TrainResult:
     """Train PPO as configured, or continue the run in `resume` from its newest checkpoint.
 
