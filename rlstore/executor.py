@@ -203,7 +203,11 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
             f"no Ray cluster answers at {address} ({e.strerror or e}); start one with "
             "`ray start --head` or leave out --address to run on this machine"
         ) from None
-    ray.init(address=address, log_to_driver=False)
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except Exception as e:  # a cluster that refuses us: authentication, versions
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"could not join the Ray cluster at {address}: {reason}") from None
     return ray
 
 

@@ -15,6 +15,7 @@ import glob
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -102,6 +103,7 @@ def plot(
     """Draw the curves of the runs in `paths` to `png` and/or write them to `csv_path`."""
     if smooth_window < 1 or points < 2:
         raise UsageError("--smooth must be at least 1 and --points at least 2")
+    plt = _pyplot() if png else None  # before anything is written
     groups = group_curves(find_runs(paths), tag, smooth_window)
     table = {key: aggregate(curves, points) for key, curves in groups.items()}
     if csv_path:
@@ -112,11 +114,11 @@ def plot(
                 for row in zip(grid, mean, std, strict=True):
                     writer.writerow([env, name, len(groups[env, name]), *map(float, row)])
     if png:
-        _draw(table, {key: len(c) for key, c in groups.items()}, tag, png)
+        _draw(plt, table, {key: len(c) for key, c in groups.items()}, tag, png)
     return table
 
 
-def _draw(table: dict, counts: dict, tag: str, png: str) -> None:
+def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -126,6 +128,10 @@ def _draw(table: dict, counts: dict, tag: str, png: str) -> None:
     matplotlib.use("Agg")  # no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _draw(plt: Any, table: dict, counts: dict, tag: str, png: str) -> None:
     envs = sorted({env for env, _ in table})
     cols = min(3, len(envs))
     rows = -(-len(envs) // cols)

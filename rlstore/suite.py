@@ -255,8 +255,8 @@ def benchmark(
     specs = [spec for row in suite.rows for spec in row.specs(out_dir)]
     states = [spec.state()[0] for spec in specs]
     todo = [spec for spec, state in zip(specs, states, strict=True) if state != "done"]
-    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     executor = LocalExecutor(workers) if address is None else RayExecutor(address, workers)
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     where = f"Ray at {address}" if address else f"{executor.workers} workers"
     print(
         f"rlstore benchmark {suite.name}: {len(specs)} runs in {out_dir}: "

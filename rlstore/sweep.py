@@ -190,20 +190,20 @@ def trial(params: dict[str, Any], spec: dict[str, Any], out: str) -> None:
 
 
 def sweep(spec_arg: str, out: str | None, address: str | None, workers: int | None) -> int:
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
     spec_path = Path(spec_arg)
     spec = load_spec(spec_path)
     out_dir = Path(out or Path("sweeps") / spec_path.stem).resolve()
     record = out_dir / "spec.json"
     if record.is_file() and json.loads(record.read_text()) != asdict(spec):
         raise UsageError(f"{out_dir} holds a sweep of another spec; give another --out")
+    workers = workers or available_cores()
+    connect_ray(address, workers)  # before anything is written
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
     out_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(asdict(spec), indent=1) + "\n")
-    workers = workers or available_cores()
-    connect_ray(address, workers)
 
     trainable = tune.with_resources(
         tune.with_parameters(trial, spec=asdict(spec), out=str(out_dir)), {"cpu": 1}

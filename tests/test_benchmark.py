@@ -1,0 +1,218 @@
+"""`rlstore benchmark`: runs once, skips what finished, resumes what was interrupted, and
+its table equals the same runs made by hand."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlstore.cli import main
+from rlstore.suite import find_suite, load_suite, preflight
+
+TINY = """
+name = "tiny"
+seeds = [1, 2]
+
+[[row]]
+algo = "ppo"
+env = "CartPole-v1"
+steps = 4096
+threshold = 30
+band = [10, 500]
+source = "a test"
+overrides = { num_steps = 64 }
+
+[[row]]
+name = "dqn-short"
+algo = "dqn"
+env = "CartPole-v1"
+steps = 3000
+seeds = [3]
+band = [400, 500]
+source = "a band no 3,000-step run reaches"
+overrides = { learning_starts = 500, buffer_size = 1000, q_hidden = [32, 32] }
+"""
+
+
+def summaries(runs: Path) -> dict[str, str]:
+    return {p.parent.name: p.read_text() for p in runs.glob("*/summary.json")}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny suite, run once: (suite file, output dir, exit status, stdout)."""
+    root = tmp_path_factory.mktemp("suite")
+    suite = root / "tiny.toml"
+    suite.write_text(TINY)
+    out = root / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out", str(out),
+         "--workers", "2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return suite, out, result.returncode, result.stdout
+
+
+def test_suite_runs_every_run_and_a_second_start_does_nothing(tiny, capsys):
+    suite, out, code, stdout = tiny
+    assert code == 1, stdout  # the dqn row is below its band
+    assert "3 runs" in stdout and "3 to start" in stdout
+    before = summaries(out / "runs")
+    assert len(before) == 3 and len(list((out / "runs").iterdir())) == 3
+    assert (out / "results.md").is_file() and (out / "curves.png").stat().st_size > 10_000
+
+    assert main(["benchmark", str(suite), "--out", str(out), "--no-plot"]) == 1
+    assert "3 finished, 0 to resume, 0 to start" in capsys.readouterr().out
+    assert summaries(out / "runs") == before  # nothing ran again
+    assert len(list((out / "runs").iterdir())) == 3
+
+
+def test_results_table_equals_the_same_runs_made_by_hand(tiny, tmp_path, capsys):
+    _, out, _, _ = tiny
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    by_hand = {
+        "ppo": [["ppo", "--num-steps", "64", "--total-timesteps", "4096", "--seed", s]
+                for s in ("1", "2")],
+        "dqn-short": [["dqn", "--learning-starts", "500", "--buffer-size", "1000",
+                       "--q-hidden", "32", "32", "--total-timesteps", "3000", "--seed", "3"]],
+    }  # fmt: skip
+    for name, commands in by_hand.items():
+        scores, reached = [], []
+        for i, args in enumerate(commands):
+            logdir = tmp_path / f"{name}{i}"
+            assert main(["train", *args, "--logdir", str(logdir), "--no-progress"]) == 0
+            summary = json.loads(next(logdir.glob("*/summary.json")).read_text())
+            returns, steps = summary["episodes"]["returns"], summary["episodes"]["steps"]
+            scores.append(np.mean(returns[-100:]))
+            # naive: the first episode whose last-20 mean meets the threshold
+            for j in range(19, len(returns)):
+                if np.mean(returns[j - 19 : j + 1]) >= 30:
+                    reached.append(steps[j])
+                    break
+        row = rows[name]
+        assert row["score_mean"] == pytest.approx(np.mean(scores), abs=1e-9)
+        assert row["score_std"] == pytest.approx(np.std(scores), abs=1e-9)
+        assert [r["score"] for r in row["runs"]] == pytest.approx(scores, abs=1e-9)
+        if name == "ppo":
+            assert row["steps_to_threshold"] == np.median(reached) and row["reached"] == 2
+            assert not row["below_band"]
+        else:
+            assert row["below_band"]  # hence the exit status 1
+    table = (out / "results.md").read_text()
+    assert f"{rows['ppo']['score_mean']:.1f} +- {rows['ppo']['score_std']:.1f}" in table
+    assert "BELOW" in table and "a test" in table
+
+
+@pytest.mark.slow
+def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
+    """SIGINT mid-run: the run checkpoints, the suite exits 130; started again, it resumes
+    the run, which ends bitwise equal to a run never interrupted."""
+    suite = tmp_path / "one.toml"
+    suite.write_text(
+        'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 150_000\n'
+        "overrides = { checkpoint_every = 2048 }\n"
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out", str(out),
+               "--no-plot"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    while not list(out.glob("runs/*/checkpoints/step_*.pt")):  # polls; no time limit
+        assert process.poll() is None, "the suite ended before its first checkpoint"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    assert process.wait() == 130
+    assert "interrupted" in process.stdout.read()
+    (run_dir,) = (out / "runs").iterdir()
+    assert not (run_dir / "summary.json").exists()
+
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 to resume" in again.stdout
+    assert list((out / "runs").iterdir()) == [run_dir]  # the same run directory
+
+    reference = tmp_path / "reference"
+    assert main(["train", "ppo", "--total-timesteps", "150000", "--logdir", str(reference),
+                 "--no-progress"]) == 0  # fmt: skip
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    uninterrupted = json.loads(next(reference.glob("*/summary.json")).read_text())
+    assert resumed["episodes"] == uninterrupted["episodes"]
+
+
+def test_shipped_suites_load_and_name_their_sources():
+    for name in ("classic", "box2d", "mujoco", "atari-short"):
+        suite = load_suite(find_suite(name))
+        assert suite.rows
+        for row in suite.rows:
+            assert row.band is None or row.source, f"{name}: {row.name} has a band, no source"
+    classic = load_suite(find_suite("classic"))
+    assert {(r.algo, r.env) for r in classic.rows} == {
+        (a, e) for a in ("ppo", "a2c", "dqn") for e in ("CartPole-v1", "Acrobot-v1")
+    }
+    preflight(classic.rows)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nstep = 100\n',
+         "unknown key 'step' (did you mean 'steps'?)"),
+        ('seed = [1]\n', "unknown key 'seed' (did you mean 'seeds'?)"),
+        ('name = "x"\n', "has no [[row]]"),
+        ('[[row]]\nalgo = "dqn"\nenv = "Pendulum-v1"\nsteps = 50000\n',
+         "DQN needs a Discrete action space; Pendulum-v1 has"),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPol-v1"\nsteps = 1000\n', "unknown env id"),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\noverrides = { lr = 1 }\n',
+         "unknown key 'lr'"),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nband = [1]\n',
+         "band must be [low, high]"),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 10\n', "smaller than one rollout"),
+    ],
+)  # fmt: skip
+def test_bad_suites_are_one_line_and_write_nothing(tmp_path, capsys, text, message):
+    suite = tmp_path / "bad.toml"
+    suite.write_text(text)
+    out = tmp_path / "out"
+    assert main(["benchmark", str(suite), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_changed_suite_does_not_reuse_or_damage_old_runs(tiny, tmp_path, capsys):
+    _, out, _, _ = tiny
+    before = summaries(out / "runs")
+    changed = tmp_path / "tiny.toml"
+    changed.write_text(TINY.replace("num_steps = 64", "num_steps = 32"))
+    assert main(["benchmark", str(changed), "--out", str(out)]) == 2
+    assert "was made with other settings (num_steps)" in capsys.readouterr().err
+    assert summaries(out / "runs") == before
+
+
+def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
+    pytest.importorskip("ray")
+    suite = tmp_path / "s.toml"
+    suite.write_text('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n')
+    code = main(["benchmark", str(suite), "--out", str(tmp_path / "o"), "--address",
+                 f"127.0.0.1:{free_port()}"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no Ray cluster answers at 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_child_processes_get_one_torch_thread(tiny):
+    _, out, _, _ = tiny
+    for config in (out / "runs").glob("*/config.json"):
+        assert json.loads(config.read_text())["resolved"]["torch_threads"] == 1

@@ -1,0 +1,103 @@
+"""`rlstore plot`: mean and std across seeds from event files, checked through --csv."""
+
+import csv
+import json
+import sys
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from rlstore.cli import main
+from rlstore.plot import smooth
+
+
+def fake_run(path, name, points, env="Fake-v0", tag="charts/episodic_return"):
+    """A run directory with config.json and the given (step, value) points for `tag`."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": env, "exp_name": name}))
+    writer = SummaryWriter(str(path))
+    for step, value in points:
+        writer.add_scalar(tag, value, step)
+    writer.close()
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Two seeds of linear curves logged at different steps, and a run of another group.
+    Linear curves interpolate exactly, so the mean and std are known in closed form."""
+    fake_run(tmp_path / "runs" / "a1", None, [(s, s) for s in range(0, 1001, 100)])
+    fake_run(tmp_path / "runs" / "a2", None, [(s, 3 * s + 10) for s in range(50, 1000, 100)])
+    fake_run(tmp_path / "runs" / "b1", "tuned", [(s, 7.0) for s in range(0, 501, 50)])
+    return tmp_path / "runs"
+
+
+def test_mean_and_std_across_seeds_through_csv(runs, tmp_path):
+    out = tmp_path / "curves.csv"
+    assert main(["plot", str(runs), "--csv", str(out), "--out", "None", "--points", "10"]) == 0
+    rows = read_csv(out)
+    ppo = [r for r in rows if r["name"] == "ppo"]
+    steps = np.array([float(r["step"]) for r in ppo])
+    # the range both runs cover: 50 .. 950
+    np.testing.assert_allclose(steps, np.linspace(50, 950, 10))
+    # y1 = s, y2 = 3 s + 10: mean 2 s + 5, population std s + 5
+    np.testing.assert_allclose([float(r["mean"]) for r in ppo], 2 * steps + 5, rtol=1e-6)
+    np.testing.assert_allclose([float(r["std"]) for r in ppo], steps + 5, rtol=1e-6)
+    assert {r["runs"] for r in ppo} == {"2"}
+    tuned = [r for r in rows if r["name"] == "tuned"]
+    assert len(tuned) == 10 and all(float(r["mean"]) == 7.0 and float(r["std"]) == 0 for r in tuned)
+
+
+def test_smoothing_is_a_trailing_moving_average():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=50)
+    for window in (1, 3, 10):
+        naive = [values[max(0, i - window + 1) : i + 1].mean() for i in range(len(values))]
+        np.testing.assert_allclose(smooth(values, window), naive, rtol=1e-12, atol=1e-12)
+
+
+def test_png_is_drawn_headless_and_is_not_blank(runs, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.delenv("DISPLAY", raising=False)
+    png = tmp_path / "curves.png"
+    assert main(["plot", str(runs / "*"), "--out", str(png), "--smooth", "2"]) == 0
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(png))
+    colors = np.unique(image.reshape(-1, image.shape[-1]), axis=0)
+    assert png.stat().st_size > 10_000 and len(colors) > 50
+
+
+def test_any_scalar_tag(tmp_path):
+    fake_run(tmp_path / "r", None, [(s, s / 10) for s in range(0, 101, 10)], tag="losses/x")
+    out = tmp_path / "x.csv"
+    assert main(["plot", str(tmp_path / "r"), "--tag", "losses/x", "--csv", str(out),
+                 "--out", "None", "--points", "11"]) == 0  # fmt: skip
+    np.testing.assert_allclose([float(r["mean"]) for r in read_csv(out)], np.arange(11))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nowhere/*"], "'nowhere/*' matches no file or directory"),
+        (["{runs}", "--tag", "charts/nothing"], "has the scalar tag 'charts/nothing'"),
+        (["{runs}", "--smooth", "0"], "--smooth must be at least 1"),
+    ],
+)
+def test_bad_input_is_one_line(runs, capsys, args, message):
+    args = [a.replace("{runs}", str(runs)) for a in args]
+    assert main(["plot", *args, "--out", "None"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_matplotlib_names_the_extra(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    assert main(["plot", str(runs), "--out", str(tmp_path / "x.png")]) == 2
+    assert 'pip install "rlstore[plot]"' in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()

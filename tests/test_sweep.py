@@ -1,0 +1,171 @@
+"""`rlstore sweep`: Ray Tune + Optuna on a local Ray and on a Ray head started here; the
+best trial's config reproduces its runs exactly."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlstore.cli import main
+
+SPEC = """
+algo = "ppo"
+env = "CartPole-v1"
+steps = 4096
+seeds = [1, 2]
+trials = 3
+reports = 2
+[base]
+num_steps = 64
+[space]
+learning_rate = { log_uniform = [1e-4, 1e-2] }
+ent_coef = { uniform = [0.0, 0.02] }
+update_epochs = { int = [2, 6] }
+clip_vloss = { choice = [true, false] }
+"""
+
+
+def sweep(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """A sweep in its own process, as users run it (Ray then stops with the process)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlstore", "sweep", str(spec), "--out", str(out), *extra],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def check_best_reproduces(out: Path, tmp_path: Path) -> None:
+    """`rlstore train ppo --config best.toml --seed 1` is the best trial's seed-1 run."""
+    trials = json.loads((out / "trials.json").read_text())
+    best = max((t for t in trials if t["finished"]), key=lambda t: t["score"])
+    text = (out / "best.toml").read_text()
+    assert f"best trial {best['trial']}" in text
+    logdir = tmp_path / f"again_{out.name}"
+    assert main(["train", "ppo", "--config", str(out / "best.toml"), "--seed", "1",
+                 "--logdir", str(logdir), "--no-progress"]) == 0  # fmt: skip
+    (again,) = logdir.glob("*/summary.json")
+    (trial_run,) = (out / "trials" / best["trial"]).glob("*__trial__1__*/summary.json")
+    episodes = json.loads(trial_run.read_text())["episodes"]
+    assert json.loads(again.read_text())["episodes"] == episodes
+
+
+@pytest.mark.slow
+def test_local_sweep_exports_a_best_config_that_reproduces_and_continues(tmp_path):
+    pytest.importorskip("ray")
+    pytest.importorskip("optuna")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    out = tmp_path / "local"
+    first = sweep(spec, out, "--workers", "2")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) == 3
+    for t in trials:  # every trial's runs are ordinary run directories
+        runs = list((out / "trials" / t["trial"]).glob("CartPole-v1__trial__*"))
+        assert runs and all((r / "config.json").is_file() for r in runs)
+        if t["finished"]:
+            assert len(runs) == 2 and len(t["seed_scores"]) == 2
+    check_best_reproduces(out, tmp_path)
+    csv = str(tmp_path / "c.csv")
+    assert main(["plot", str(out / "trials"), "--out", "None", "--csv", csv]) == 0
+
+    best = (out / "best.toml").read_text()
+    again = sweep(spec, out, "--workers", "2")  # continues: the sweep is already complete
+    assert again.returncode == 0 and "continuing the sweep" in again.stdout
+    assert len(json.loads((out / "trials.json").read_text())) == 3
+    assert (out / "best.toml").read_text() == best
+
+
+@pytest.mark.slow
+def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
+    pytest.importorskip("ray")
+    ray_cli = shutil.which("ray") or pytest.skip("the ray command is not installed")
+    from test_benchmark import free_port
+
+    port = free_port()
+    # (Ray's token authentication would need the token passed to every client)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    started = subprocess.run(
+        [ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        address = f"127.0.0.1:{port}"
+        spec = tmp_path / "spec.toml"
+        spec.write_text(SPEC.replace("trials = 3", "trials = 2"))
+        out = tmp_path / "cluster"
+        result = sweep(spec, out, "--address", address)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        check_best_reproduces(out, tmp_path)
+
+        suite = tmp_path / "s.toml"
+        suite.write_text(
+            'seeds = [1, 2]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
+            "overrides = { num_steps = 64 }\n"
+        )
+        on_ray = subprocess.run(
+            [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out",
+             str(tmp_path / "b"), "--address", address, "--no-plot"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert on_ray.returncode == 0, on_ray.stdout[-2000:] + on_ray.stderr[-2000:]
+        assert main(["benchmark", str(suite), "--out", str(tmp_path / "l"), "--no-plot"]) == 0
+        ray_rows = json.loads((tmp_path / "b" / "results.json").read_text())["rows"]
+        local_rows = json.loads((tmp_path / "l" / "results.json").read_text())["rows"]
+        assert [r["score"] for r in ray_rows[0]["runs"]] == [
+            r["score"] for r in local_rows[0]["runs"]
+        ]
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: "budget = 3\n" + s, "unknown key 'budget'"),
+        (lambda s: s.split("[space]")[0], "the search space is empty"),
+        (lambda s: s.replace("[space]", "[space]\nlr = { uniform = [0.1, 0.2] }"),
+         "unknown key 'lr'"),
+        (lambda s: s.replace("uniform = [0.0, 0.02]", "uniform = [0.02, 0.0]"),
+         "takes [low, high] with low < high"),
+        (lambda s: s.replace("{ int = [2, 6] }", "{ normal = [2, 6] }"), "must be one of"),
+        (lambda s: s.replace('algo = "ppo"', 'algo = "dqn"').replace("num_steps = 64", "")
+         .replace("update_epochs = { int = [2, 6] }", "").replace("clip_vloss", "double_dqn")
+         .replace("ent_coef = { uniform = [0.0, 0.02] }", "")
+         .replace("CartPole-v1", "Pendulum-v1").replace("4096", "50000"),
+         "DQN needs a Discrete action space"),
+    ],
+)  # fmt: skip
+def test_bad_specs_are_one_line(tmp_path, capsys, edit, message):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(edit(SPEC))
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
+    pytest.importorskip("ray")
+    from test_benchmark import free_port
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    assert main(["sweep", str(spec), "--address", f"127.0.0.1:{free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert "no Ray cluster answers" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_ray_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o")]) == 2
+    assert 'pip install "rlstore[sweep]"' in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
