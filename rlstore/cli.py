@@ -92,6 +92,9 @@ class BenchmarkArgs:
     """Runs at a time (one torch thread each); default: this machine's cores."""
     address: str | None = None
     """HOST:PORT of a Ray cluster to run on (needs rlstore[sweep]); default: this machine."""
+    gpus_per_run: float = 0.0
+    """With --address: the share of a GPU each run asks Ray for (0.25: four runs per GPU);
+    the runs then train on it (--device auto). Ray hides the GPUs from runs that ask none."""
     plot: bool = True
     """Draw curves.png (needs rlstore[plot])."""
 
@@ -128,7 +131,10 @@ class SweepArgs:
     address: str | None = None
     """HOST:PORT of a Ray cluster to run on; default: Ray started in this process."""
     workers: int | None = None
-    """Trials at a time on this machine; default: its cores."""
+    """Trials at a time; default: this machine's cores, or as many as a cluster fits."""
+    gpus_per_trial: float = 0.0
+    """The share of a GPU each trial asks Ray for (0.25: four trials per GPU); its runs
+    then train on it (--device auto)."""
 
 
 def parse_train(args: list[str]):
@@ -244,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             parsed = parse_args(BenchmarkArgs, rest, "rlstore benchmark")
             from rlstore.suite import benchmark
 
-            return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address, parsed.plot)
+            return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address,
+                             parsed.gpus_per_run, parsed.plot)  # fmt: skip
         elif command == "plot":
             parsed = parse_args(PlotArgs, rest, "rlstore plot")
             from rlstore.plot import plot
@@ -257,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             parsed = parse_args(SweepArgs, rest, "rlstore sweep")
             from rlstore.sweep import sweep
 
-            return sweep(parsed.spec, parsed.out, parsed.address, parsed.workers)
+            return sweep(parsed.spec, parsed.out, parsed.address, parsed.workers,
+                         parsed.gpus_per_trial)  # fmt: skip
         else:
             raise UsageError(f"unknown command '{command}'; try `rlstore --help`")
         module = importlib.import_module(f"rlstore.algos.{algo}")

@@ -211,17 +211,28 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
     return ray
 
 
+def check_gpu_share(share: float) -> None:
+    if not (share == 0 or 0 < share <= 1 or float(share).is_integer()):
+        raise UsageError(
+            f"a GPU share must be 0, a fraction in (0, 1] or a whole number (got {share})"
+        )
+
+
 class RayExecutor:
     """Runs specs as Ray tasks (one CPU each) on the cluster at `address`, or on a Ray
     started in this process. Run directories are written where each task runs: on a
     cluster of several machines, give a logdir on storage every node shares."""
 
-    def __init__(self, address: str | None, workers: int | None = None) -> None:
+    def __init__(
+        self, address: str | None, workers: int | None = None, gpus_per_run: float = 0.0
+    ) -> None:
+        check_gpu_share(gpus_per_run)
         self.ray = connect_ray(address, workers)
+        self.gpus_per_run = gpus_per_run
 
     def run(self, specs: Iterable[RunSpec], on_done: Done) -> int | None:
         ray = self.ray
-        task = ray.remote(num_cpus=1, max_retries=0)(_complete_in_child)
+        task = ray.remote(num_cpus=1, num_gpus=self.gpus_per_run, max_retries=0)(_complete_in_child)
         refs = {task.remote(spec): spec for spec in specs}
         stopped: list[int] = []
 

@@ -247,15 +247,27 @@ def results_markdown(suite: Suite, rows: list[dict]) -> str:
 
 
 def benchmark(
-    suite_arg: str, out: str | None, workers: int | None, address: str | None, plot: bool
+    suite_arg: str,
+    out: str | None = None,
+    workers: int | None = None,
+    address: str | None = None,
+    gpus_per_run: float = 0.0,
+    plot: bool = True,
 ) -> int:
+    if gpus_per_run and address is None:
+        raise UsageError(
+            "--gpus-per-run needs --address: on this machine every run sees its GPUs already"
+        )
     suite = load_suite(find_suite(suite_arg))
     out_dir = Path(out or Path("benchmarks") / suite.name).resolve()
     preflight(suite.rows)
     specs = [spec for row in suite.rows for spec in row.specs(out_dir)]
     states = [spec.state()[0] for spec in specs]
     todo = [spec for spec, state in zip(specs, states, strict=True) if state != "done"]
-    executor = LocalExecutor(workers) if address is None else RayExecutor(address, workers)
+    if address is None:
+        executor = LocalExecutor(workers)
+    else:
+        executor = RayExecutor(address, workers, gpus_per_run)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     where = f"Ray at {address}" if address else f"{executor.workers} workers"
     print(

@@ -27,7 +27,7 @@ import tomllib
 
 from rlstore.config import validate
 from rlstore.errors import UsageError
-from rlstore.executor import RunSpec, available_cores, connect_ray
+from rlstore.executor import RunSpec, available_cores, check_gpu_share, connect_ray
 
 SPEC_KEYS = ("algo", "env", "steps", "seeds", "trials", "reports", "search_seed", "base", "space")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
@@ -189,14 +189,22 @@ def trial(params: dict[str, Any], spec: dict[str, Any], out: str) -> None:
     tune.report({"score": float(np.mean(scores)), "seeds_done": len(scores), "seed_scores": scores})
 
 
-def sweep(spec_arg: str, out: str | None, address: str | None, workers: int | None) -> int:
+def sweep(
+    spec_arg: str,
+    out: str | None = None,
+    address: str | None = None,
+    workers: int | None = None,
+    gpus_per_trial: float = 0.0,
+) -> int:
     spec_path = Path(spec_arg)
     spec = load_spec(spec_path)
     out_dir = Path(out or Path("sweeps") / spec_path.stem).resolve()
     record = out_dir / "spec.json"
     if record.is_file() and json.loads(record.read_text()) != asdict(spec):
         raise UsageError(f"{out_dir} holds a sweep of another spec; give another --out")
-    workers = workers or available_cores()
+    check_gpu_share(gpus_per_trial)
+    if address is None:
+        workers = workers or available_cores()
     connect_ray(address, workers)  # before anything is written
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -206,7 +214,8 @@ def sweep(spec_arg: str, out: str | None, address: str | None, workers: int | No
     record.write_text(json.dumps(asdict(spec), indent=1) + "\n")
 
     trainable = tune.with_resources(
-        tune.with_parameters(trial, spec=asdict(spec), out=str(out_dir)), {"cpu": 1}
+        tune.with_parameters(trial, spec=asdict(spec), out=str(out_dir)),
+        {"cpu": 1, "gpu": gpus_per_trial},
     )
     experiment = out_dir / "tune"
     if tune.Tuner.can_restore(str(experiment)):
@@ -222,7 +231,7 @@ def sweep(spec_arg: str, out: str | None, address: str | None, workers: int | No
                 metric="score",
                 mode="max",
                 num_samples=spec.trials,
-                max_concurrent_trials=workers,
+                max_concurrent_trials=workers,  # None: as many as the cluster fits
                 search_alg=OptunaSearch(seed=spec.search_seed),
                 scheduler=ASHAScheduler(
                     max_t=spec.reports + 1, grace_period=max(1, spec.reports // 3)

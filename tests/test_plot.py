@@ -101,3 +101,18 @@ def test_missing_matplotlib_names_the_extra(runs, tmp_path, capsys, monkeypatch)
     assert main(["plot", str(runs), "--out", str(tmp_path / "x.png")]) == 2
     assert 'pip install "rlstore[plot]"' in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_resumed_run_counts_each_step_once(tmp_path):
+    """A resume opens a second event file with purge_step (as rlstore resume does): the
+    events the first process logged after the checkpoint are dropped."""
+    run = tmp_path / "r"
+    fake_run(run, None, [(s, 1.0) for s in range(0, 1001, 100)])
+    writer = SummaryWriter(str(run), purge_step=501)
+    for s in range(600, 1001, 100):
+        writer.add_scalar("charts/episodic_return", 2.0, s)
+    writer.close()
+    out = tmp_path / "r.csv"
+    assert main(["plot", str(run), "--csv", str(out), "--out", "None", "--points", "11"]) == 0
+    means = [float(r["mean"]) for r in read_csv(out)]
+    assert means[:6] == [1.0] * 6 and means[-4:] == [2.0] * 4  # steps 0..500 | 700..1000
