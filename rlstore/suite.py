@@ -314,6 +314,6 @@ def _plot_suite(out_dir: Path) -> None:
     from rlstore.plot import plot
 
     try:
-        plot([str(out_dir / "runs")], png=str(out_dir / "curves.png"))
+        plot([str(out_dir / "runs")], png=str(out_dir / "curves.png"), smooth_window=10)
     except UsageError as e:  # matplotlib missing, or runs without event files
         print(f"rlstore benchmark: no curves: {e}")
