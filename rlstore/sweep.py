@@ -247,6 +247,9 @@ def sweep(
         flush=True,
     )
     results = tuner.fit()
+    if results.num_terminated + results.num_errors < spec.trials:  # Tune caught a Ctrl-C
+        print("rlstore sweep: interrupted; run the same command again to continue")
+        return 130
     trials = []
     for result in results:
         metrics = result.metrics or {}

@@ -4,8 +4,10 @@ best trial's config reproduces its runs exactly."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,36 @@ def test_local_sweep_exports_a_best_config_that_reproduces_and_continues(tmp_pat
     assert again.returncode == 0 and "continuing the sweep" in again.stdout
     assert len(json.loads((out / "trials.json").read_text())) == 3
     assert (out / "best.toml").read_text() == best
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_continues(tmp_path):
+    """Ctrl-C once a trial has finished a run: exit 130, nothing exported; the same command
+    then continues the search (the finished runs are read back, not run again)."""
+    pytest.importorskip("ray")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        SPEC.replace("steps = 4096", "steps = 40000").replace("trials = 3", "trials = 4")
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "rlstore", "sweep", str(spec), "--out", str(out)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    while not list(out.glob("trials/*/*/summary.json")):  # polls; no time limit
+        assert process.poll() is None, "the sweep ended before a run finished"
+        time.sleep(0.05)
+    finished = {p: p.read_text() for p in out.glob("trials/*/*/summary.json")}
+    process.send_signal(signal.SIGINT)
+    assert process.wait() == 130 and "interrupted" in process.stdout.read()
+    assert not (out / "best.toml").exists()
+
+    again = sweep(spec, out)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "continuing the sweep" in again.stdout
+    assert len(json.loads((out / "trials.json").read_text())) == 4
+    assert all(p.read_text() == text for p, text in finished.items())  # not run again
+    check_best_reproduces(out, tmp_path)
 
 
 @pytest.mark.slow
