@@ -89,7 +89,8 @@ class BenchmarkArgs:
     out: str | None = None
     """Output directory (runs/, logs/, results); default benchmarks/{suite name}."""
     workers: int | None = None
-    """Runs at a time (one torch thread each); default: this machine's cores."""
+    """Runs at a time (one torch thread each); default: this machine's cores. With
+    --address the cluster's CPUs decide."""
     address: str | None = None
     """HOST:PORT of a Ray cluster to run on (needs rlstore[sweep]); default: this machine."""
     gpus_per_run: float = 0.0

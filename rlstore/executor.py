@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads")
 
 
+def check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be at least 1 (got {workers})")
+
+
 def available_cores() -> int:
     """The cores this process may use (its CPU affinity, where the OS tells it)."""
     try:
@@ -250,7 +255,7 @@ class RayExecutor:
                     try:
                         status = ray.get(ref)
                     except (ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError):
-                        status = 128 + (stopped[0] if stopped else signal.SIGTERM)
+                        status = 128 + stopped[0] if stopped else 1  # cancelled, or failed
                     on_done(spec, status)
         finally:
             for signum, handler in previous.items():

@@ -23,7 +23,7 @@ import tomllib
 
 from rlstore.config import PRESET_DIR, validate
 from rlstore.errors import UsageError
-from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, read_summary
+from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, check_workers, read_summary
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "row")
 ROW_KEYS = ("name", "algo", "env", "steps", "seeds", "overrides", "threshold", "band", "source")
@@ -254,6 +254,7 @@ def benchmark(
     gpus_per_run: float = 0.0,
     plot: bool = True,
 ) -> int:
+    check_workers(workers)
     if gpus_per_run and address is None:
         raise UsageError(
             "--gpus-per-run needs --address: on this machine every run sees its GPUs already"

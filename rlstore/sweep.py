@@ -27,7 +27,13 @@ import tomllib
 
 from rlstore.config import validate
 from rlstore.errors import UsageError
-from rlstore.executor import RunSpec, available_cores, check_gpu_share, connect_ray
+from rlstore.executor import (
+    RunSpec,
+    available_cores,
+    check_gpu_share,
+    check_workers,
+    connect_ray,
+)
 
 SPEC_KEYS = ("algo", "env", "steps", "seeds", "trials", "reports", "search_seed", "base", "space")
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
@@ -203,6 +209,7 @@ def sweep(
     if record.is_file() and json.loads(record.read_text()) != asdict(spec):
         raise UsageError(f"{out_dir} holds a sweep of another spec; give another --out")
     check_gpu_share(gpus_per_trial)
+    check_workers(workers)
     if address is None:
         workers = workers or available_cores()
     connect_ray(address, workers)  # before anything is written
@@ -250,6 +257,9 @@ def sweep(
     if results.num_terminated + results.num_errors < spec.trials:  # Tune caught a Ctrl-C
         print("rlstore sweep: interrupted; run the same command again to continue")
         return 130
+    if results.num_errors:
+        first = str(results.errors[0]).strip().splitlines()[-1]
+        print(f"rlstore sweep: {results.num_errors} trials failed, the first with: {first}")
     trials = []
     for result in results:
         metrics = result.metrics or {}

@@ -204,10 +204,17 @@ def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
     assert "no Ray cluster answers at 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
 
 
-def test_gpu_share_needs_a_cluster(tiny, capsys):
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--gpus-per-run", "0.5"], "--gpus-per-run needs --address"),
+        (["--workers", "0"], "--workers must be at least 1 (got 0)"),
+    ],
+)
+def test_bad_flags_are_one_line(tiny, capsys, flags, message):
     suite, out, _, _ = tiny
-    assert main(["benchmark", str(suite), "--out", str(out), "--gpus-per-run", "0.5"]) == 2
-    assert "--gpus-per-run needs --address" in capsys.readouterr().err
+    assert main(["benchmark", str(suite), "--out", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
 
 
 def free_port() -> int:
