@@ -35,7 +35,10 @@ from rlstore.executor import (
     connect_ray,
 )
 
-SPEC_KEYS = ("algo", "env", "steps", "seeds", "trials", "reports", "search_seed", "base", "space")
+SPEC_KEYS = (
+    "algo", "env", "steps", "seeds", "trials", "reports", "early_stop", "search_seed", "base",
+    "space",
+)  # fmt: skip
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
 WINDOW = 100  # episodes in a run's score
 
@@ -50,6 +53,7 @@ class SweepSpec:
     space: dict[str, dict[str, list]]
     base: dict[str, Any] = field(default_factory=dict)
     reports: int = 6
+    early_stop: bool = True
     search_seed: int = 0
 
 
@@ -84,6 +88,7 @@ def load_spec(path: Path) -> SweepSpec:
         space=space,
         base=data.get("base", {}),
         reports=data.get("reports", 6),
+        early_stop=data.get("early_stop", True),
         search_seed=data.get("search_seed", 0),
     )
     for key in ("steps", "trials", "reports"):
@@ -242,7 +247,9 @@ def sweep(
                 search_alg=OptunaSearch(seed=spec.search_seed),
                 scheduler=ASHAScheduler(
                     max_t=spec.reports + 1, grace_period=max(1, spec.reports // 3)
-                ),
+                )
+                if spec.early_stop
+                else None,  # every trial runs to its end
             ),
             run_config=tune.RunConfig(
                 name="tune", storage_path=str(out_dir), verbose=0, log_to_file=True

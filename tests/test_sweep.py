@@ -166,6 +166,7 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
         (lambda s: s.replace("uniform = [0.0, 0.02]", "uniform = [0.02, 0.0]"),
          "takes [low, high] with low < high"),
         (lambda s: s.replace("{ int = [2, 6] }", "{ normal = [2, 6] }"), "must be one of"),
+        (lambda s: "early_stop = 1\n" + s, "early_stop must be true or false"),
         (lambda s: s.replace('algo = "ppo"', 'algo = "dqn"').replace("num_steps = 64", "")
          .replace("update_epochs = { int = [2, 6] }", "").replace("clip_vloss", "double_dqn")
          .replace("ent_coef = { uniform = [0.0, 0.02] }", "")
