@@ -95,6 +95,8 @@ def load_spec(path: Path) -> SweepSpec:
         value = getattr(spec, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UsageError(f"{path}: {key} must be a whole number >= 1 (got {value!r})")
+    if not isinstance(spec.early_stop, bool):
+        raise UsageError(f"{path}: early_stop must be true or false")
     if not (
         isinstance(spec.seeds, list) and spec.seeds and all(type(s) is int for s in spec.seeds)
     ):
