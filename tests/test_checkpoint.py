@@ -1,5 +1,6 @@
 """Checkpoints and resume: bitwise-exact resume, atomic writes, bad files, signals, eval."""
 
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import torch
 from tiny_runs import SETUPS, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
-from rlstore.checkpoint import checkpoint_files, env_state, load_env_state
+from rlstore.checkpoint import checkpoint_files, env_state, load_env_state, safe_load
 from rlstore.cli import main
 from rlstore.envs import make_vec_env
 from rlstore.errors import TrainingInterrupted
@@ -56,9 +57,15 @@ def test_interrupted_dqn_resumes_to_the_same_run(tmp_path):
     # the signal lands in the iteration that ends at step 1500: it finishes, checkpoints, stops
     assert [p.name for p in checkpoint_files(run_dir / "checkpoints")] == ["step_000000001500.pt"]
     assert signal.getsignal(signal.SIGINT) is before  # handlers given back
+    interrupted_at = safe_load(run_dir / "checkpoints" / "step_000000001500.pt")["wall_seconds"]
     resumed = dqn.train(cfg, resume=run_dir)
     assert resumed.episode_returns == full.episode_returns
     assert same_params(params(resumed.model), params(full.model))
+    # summary.json: the whole run, both processes' wall time
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episodes"]["returns"] == full.episode_returns
+    assert summary["global_step"] == full.global_step
+    assert summary["wall_seconds"] > interrupted_at > 0
 
 
 @pytest.mark.slow
