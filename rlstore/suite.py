@@ -280,9 +280,13 @@ def benchmark(
     failed: list[RunSpec] = []
     start = time.perf_counter()
 
+    ended: list[RunSpec] = []
+
     def on_done(spec: RunSpec, status: int) -> None:
+        ended.append(spec)
         word = {0: "finished", 130: "interrupted", 143: "interrupted"}.get(status, "FAILED")
-        print(f"  {spec.label}: {word} ({time.perf_counter() - start:.0f} s)", flush=True)
+        print(f"  [{len(ended)}/{len(todo)}] {spec.label}: {word} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
         if word == "FAILED":
             failed.append(spec)
 
