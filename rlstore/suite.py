@@ -300,10 +300,15 @@ def benchmark(
         return 1
     rows = []
     for row in suite.rows:
-        runs = [
-            run_result(read_summary(spec.state()[1]), suite.window, row.threshold)
-            for spec in row.specs(out_dir)
-        ]
+        runs = []
+        for spec in row.specs(out_dir):
+            status, run_dir = spec.state()
+            if status != "done":  # it finished somewhere this machine does not see
+                raise UsageError(
+                    f"{spec.label} finished, but not in {out_dir}: with --address, --out "
+                    "must be on storage that every node of the cluster mounts"
+                )
+            runs.append(run_result(read_summary(run_dir), suite.window, row.threshold))
         rows.append(row_result(row, runs))
     text = results_markdown(suite, rows)
     (out_dir / "results.md").write_text(text)
