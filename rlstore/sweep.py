@@ -148,7 +148,8 @@ def _values(dist: dict[str, list]) -> list:
 
 def _run(spec: SweepSpec, params: dict[str, Any], seed: int, trial_dir: Path) -> RunSpec:
     overrides = {**spec.base, **params, "total_timesteps": spec.steps}
-    return RunSpec(spec.algo, spec.env, seed, "trial", str(trial_dir), overrides)
+    # named after the trial: `rlstore plot OUT/trials` draws a curve per trial
+    return RunSpec(spec.algo, spec.env, seed, trial_dir.name, str(trial_dir), overrides)
 
 
 def tune_space(space: dict[str, dict[str, list]]) -> dict[str, Any]:

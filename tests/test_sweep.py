@@ -49,7 +49,7 @@ def check_best_reproduces(out: Path, tmp_path: Path) -> None:
     assert main(["train", "ppo", "--config", str(out / "best.toml"), "--seed", "1",
                  "--logdir", str(logdir), "--no-progress"]) == 0  # fmt: skip
     (again,) = logdir.glob("*/summary.json")
-    (trial_run,) = (out / "trials" / best["trial"]).glob("*__trial__1__*/summary.json")
+    (trial_run,) = (out / "trials" / best["trial"]).glob(f"*__{best['trial']}__1__*/summary.json")
     episodes = json.loads(trial_run.read_text())["episodes"]
     assert json.loads(again.read_text())["episodes"] == episodes
 
@@ -66,7 +66,7 @@ def test_local_sweep_exports_a_best_config_that_reproduces_and_continues(tmp_pat
     trials = json.loads((out / "trials.json").read_text())
     assert len(trials) == 3
     for t in trials:  # every trial's runs are ordinary run directories
-        runs = list((out / "trials" / t["trial"]).glob("CartPole-v1__trial__*"))
+        runs = list((out / "trials" / t["trial"]).glob(f"CartPole-v1__{t['trial']}__*"))
         assert runs and all((r / "config.json").is_file() for r in runs)
         if t["finished"]:
             assert len(runs) == 2 and len(t["seed_scores"]) == 2
