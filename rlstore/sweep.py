@@ -283,7 +283,8 @@ def sweep(
         })  # fmt: skip
     done = sorted((t for t in trials if t["finished"]), key=lambda t: -t["score"])
     (out_dir / "trials.json").write_text(json.dumps(trials, indent=1) + "\n")
-    print(f"rlstore sweep: {len(done)} of {len(trials)} trials finished, the others stopped early")
+    stopped = f", {len(trials) - len(done)} stopped early" if len(done) < len(trials) else ""
+    print(f"rlstore sweep: {len(done)} of {len(trials)} trials finished{stopped}")
     if not done:
         print("rlstore sweep: no trial finished; nothing to export")
         return 1
