@@ -34,3 +34,17 @@ def test_docs_python_examples_run(tmp_path, monkeypatch):
             exec(compile(block, str(page), "exec"), {})
             ran += 1
     assert ran >= 1 and list(tmp_path.glob("runs/CartPole-v1__ppo__2__*/model.pt"))
+
+
+def test_docs_suite_and_sweep_examples_load(tmp_path):
+    """The suite and sweep formats in docs/many-runs.md are what the loaders accept."""
+    from rlstore.suite import load_suite
+    from rlstore.sweep import load_spec
+
+    blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "docs" / "many-runs.md").read_text(), re.S)
+    suite, spec = tmp_path / "suite.toml", tmp_path / "sweep.toml"
+    suite.write_text(next(b for b in blocks if "[[row]]" in b))
+    spec.write_text(next(b for b in blocks if "[space]" in b))
+    assert load_suite(suite).rows[0].band == (477.8, 500)
+    loaded = load_spec(spec)
+    assert loaded.seeds == [1, 2, 3] and "learning_rate" in loaded.space and loaded.early_stop
