@@ -26,7 +26,9 @@ from rlstore.errors import UsageError
 from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, check_workers, read_summary
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "row")
-ROW_KEYS = ("name", "algo", "env", "steps", "seeds", "overrides", "threshold", "band", "source")
+ROW_KEYS = (
+    "name", "algo", "env", "steps", "seeds", "overrides", "threshold", "need", "band", "source",
+)  # fmt: skip
 REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
 
 
@@ -39,6 +41,7 @@ class Row:
     seeds: list[int]
     overrides: dict[str, Any] = field(default_factory=dict)
     threshold: float | None = None
+    need: int | None = None  # seeds that must reach the threshold
     band: tuple[float, float] | None = None
     source: str | None = None
 
@@ -109,6 +112,11 @@ def load_suite(path: Path) -> Suite:
             raise UsageError(f"{at}: band must be [low, high] (got {band!r})")
         if not _number(raw.get("threshold", 0)):
             raise UsageError(f"{at}: threshold must be a number")
+        need = raw.get("need")
+        if need is not None and not (
+            "threshold" in raw and type(need) is int and 1 <= need <= len(raw.get("seeds", seeds))
+        ):
+            raise UsageError(f"{at}: need is a number of seeds, with a threshold to reach")
         if not isinstance(raw.get("overrides", {}), dict):
             raise UsageError(f"{at}: overrides must be a table of config fields")
         rows.append(
@@ -120,6 +128,7 @@ def load_suite(path: Path) -> Suite:
                 seeds=_seeds(raw.get("seeds", seeds), at),
                 overrides=raw.get("overrides", {}),
                 threshold=raw.get("threshold"),
+                need=need,
                 band=tuple(band) if band else None,
                 source=raw.get("source"),
             )
@@ -203,7 +212,9 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "source": row.source,
         "below_band": bool(row.band is not None and mean < row.band[0]),
         "threshold": row.threshold,
+        "need": row.need,
         "reached": len(reached),
+        "too_few_reached": bool(row.need is not None and len(reached) < row.need),
         "steps_to_threshold": float(np.median(reached)) if reached else None,
         "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs])),
         "steps_per_second": float(np.mean([r["steps_per_second"] for r in runs])),
@@ -229,9 +240,11 @@ def results_markdown(suite: Suite, rows: list[dict]) -> str:
         to = "-"
         if r["threshold"] is not None:
             reached = f"{r['reached']}/{len(r['seeds'])} reached {r['threshold']:g}"
+            reached += f" (need {r['need']})" if r["need"] else ""
             steps = f"{r['steps_to_threshold']:,.0f}, " if r["reached"] else ""
             to = steps + reached
-        verdict = "-" if not r["band"] else ("BELOW" if r["below_band"] else "ok")
+        judged = r["band"] or r["need"]
+        verdict = "BELOW" if r["below_band"] or r["too_few_reached"] else ("ok" if judged else "-")
         lines.append(
             f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
             f"{r['score_mean']:.1f} +- {r['score_std']:.1f} | {band} | {to} | "
@@ -317,7 +330,7 @@ def benchmark(
     if plot:
         _plot_suite(out_dir)
     print(f"rlstore benchmark: results in {out_dir}/results.md and results.json")
-    return 1 if any(r["below_band"] for r in rows) else 0
+    return 1 if any(r["below_band"] or r["too_few_reached"] for r in rows) else 0
 
 
 def _plot_suite(out_dir: Path) -> None:

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 
 from rlstore.cli import main
-from rlstore.suite import find_suite, load_suite, preflight
+from rlstore.suite import (
+    Row,
+    Suite,
+    find_suite,
+    load_suite,
+    preflight,
+    results_markdown,
+    row_result,
+)
 
 TINY = """
 name = "tiny"
@@ -23,6 +31,7 @@ algo = "ppo"
 env = "CartPole-v1"
 steps = 4096
 threshold = 30
+need = 2
 band = [10, 500]
 source = "a test"
 overrides = { num_steps = 64 }
@@ -143,6 +152,17 @@ def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     assert resumed["episodes"] == uninterrupted["episodes"]
 
 
+def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
+    row = Row("ppo", "ppo", "CartPole-v1", 1000, [1, 2, 3], threshold=100, need=2)
+    runs = [{"score": 1.0, "reached_at": at, "wall_seconds": 1, "steps_per_second": 1}
+            for at in (500, None, None)]  # fmt: skip
+    result = row_result(row, runs)
+    assert result["reached"] == 1 and result["too_few_reached"] and not result["below_band"]
+    assert "| BELOW |" in results_markdown(Suite("s", [row]), [result])
+    runs[1]["reached_at"] = 700
+    assert not row_result(row, runs)["too_few_reached"]
+
+
 def test_shipped_suites_load_and_name_their_sources():
     for name in ("classic", "box2d", "mujoco", "atari-short"):
         suite = load_suite(find_suite(name))
@@ -171,6 +191,8 @@ def test_shipped_suites_load_and_name_their_sources():
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nband = [1]\n',
          "band must be [low, high]"),
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 10\n', "smaller than one rollout"),
+        ('seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nthreshold = 1\n'
+         "need = 2\n", "need is a number of seeds, with a threshold to reach"),
     ],
 )  # fmt: skip
 def test_bad_suites_are_one_line_and_write_nothing(tmp_path, capsys, text, message):
