@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,9 @@ def preflight(rows: list[Row]) -> None:
     for row in rows:
         cfg, _ = row.specs(Path("."))[0].config()
         validate(cfg)
-        make_vec_env(row.env, 1, 0, "sync", algo=row.algo).close()
+        with warnings.catch_warnings():  # (an env's deprecation notes go to its runs' logs)
+            warnings.simplefilter("ignore")
+            make_vec_env(row.env, 1, 0, "sync", algo=row.algo).close()
 
 
 # -- results ----------------------------------------------------------------------------------
