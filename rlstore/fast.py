@@ -443,6 +443,7 @@ class FlatAdam:
         self.optimizer = optimizer
         self.params = optimizer.param_groups[0]["params"]
         self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._scratch = np.empty(0, dtype=np.float32)  # Adam's temporaries, one per step
         self._steps: list[np.ndarray] = []
         self._pointers: list[int] = []
 
@@ -473,6 +474,7 @@ class FlatAdam:
             state["exp_avg"], state["exp_avg_sq"] = views[1], views[2]
             offset += n
         self._flat = tuple(buffer.numpy() for buffer in flat)
+        self._scratch = np.empty(total, dtype=np.float32)
         self._steps = [self.optimizer.state[p]["step"].numpy() for p in self.params]
         first, last, state = self.params[0], self.params[-1], self.optimizer.state
         self._pointers = [first.data_ptr(), last.data_ptr()]
@@ -493,15 +495,21 @@ class FlatAdam:
         step = float(self._steps[0])
         group = self.optimizer.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        # torch Adam's expressions, computed in place (g and one scratch buffer)
+        scratch = self._scratch
         m *= beta1
-        m += (1 - beta1) * g
+        m += np.multiply(g, 1 - beta1, out=scratch)
         v *= beta2
-        v += (1 - beta2) * np.square(g)
+        g = np.square(g, out=g)
+        g *= 1 - beta2
+        v += g
         bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-        denom = np.sqrt(v)
+        denom = np.sqrt(v, out=scratch)
         denom /= np.float32(math.sqrt(bias2))
         denom += np.float32(eps)
-        params_flat -= np.float32(lr / bias1) * m / denom
+        update = np.multiply(m, np.float32(lr / bias1), out=g)
+        update /= denom
+        params_flat -= update
 
 
 def _clip_coefficient(grads: list[np.ndarray], max_norm: float | None) -> float:
@@ -550,7 +558,7 @@ class HostDQNStep:
         online, target = self.online(), self.target()
         obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
         next_obs = batch.next_obs.numpy().reshape(len(obs), -1).astype(np.float32, copy=False)
-        B, actions = len(obs), batch.actions.numpy().astype(np.int64)
+        B, actions = len(obs), batch.actions.numpy()
         next_q = _forward(next_obs, target, tanh=False)[1]
         if cfg.double_dqn:
             next_action = _forward(next_obs, online, tanh=False)[1].argmax(-1)
@@ -562,10 +570,10 @@ class HostDQNStep:
         hidden, q = _forward(obs, online, tanh=False)
         q_value = q[_rows(B), actions]
         error = q_value - td_target
-        if cfg.loss == "huber":  # smooth L1 with beta 1
-            small = np.abs(error) < 1.0
-            elementwise = np.where(small, 0.5 * np.square(error), np.abs(error) - 0.5)
-            d_q = np.where(small, error, np.sign(error))
+        if cfg.loss == "huber":  # smooth L1 with beta 1; its gradient is the clipped error
+            magnitude = np.abs(error)
+            elementwise = np.where(magnitude < 1.0, 0.5 * np.square(error), magnitude - 0.5)
+            d_q = np.clip(error, -1.0, 1.0)
         else:
             elementwise, d_q = np.square(error), 2 * error
         weights = batch.weights.numpy() if cfg.prioritized else None
@@ -574,10 +582,14 @@ class HostDQNStep:
         d_out = np.zeros_like(q)
         d_out[_rows(B), actions] = d_q / B
         grads: dict = {}
-        _backward(obs, hidden, online, d_out.astype(np.float32), self.q_path, grads, tanh=False)
+        _backward(obs, hidden, online, d_out, self.q_path, grads, tanh=False)
         self.adam.step(grads, cfg.max_grad_norm)
         loss = torch.tensor(float(elementwise.mean()))
-        return loss, torch.from_numpy(error.astype(np.float32)), torch.from_numpy(q_value)
+        return (
+            loss,
+            torch.from_numpy(error.astype(np.float32, copy=False)),
+            torch.from_numpy(q_value),
+        )
 
 
 class LeanSyncVectorEnv(gym.vector.VectorEnv):

@@ -28,6 +28,8 @@ RUNS = {
     "ppo-mujoco-normalized": ["ppo", "--env", "HalfCheetah-v4", "--total-timesteps", "4096"],
     "a2c": ["a2c", "--total-timesteps", "20000"],
     "dqn": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000"],
+    "dqn-huber": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000",
+                  "--loss", "huber"],
     "dqn-all-options": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000",
                         "--n-step", "3", "--prioritized", "--double-dqn", "--dueling",
                         "--num-envs", "2"],

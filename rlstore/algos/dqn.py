@@ -65,6 +65,11 @@ def epsilon_greedy(
     The coin flips live on the host (numpy's seeded global RNG, checkpointed), and the
     network runs only when some env acts greedily."""
     coins = np.random.random((2, len(obs)))  # one RNG call: explore?, which action
+    if len(obs) == 1:  # one env (the default): Python floats cost less than array ops
+        explore_one, which = coins.ravel().tolist()
+        if explore_one < epsilon:
+            return np.array([int(which * num_actions)])
+        return greedy_actions(obs)
     explore = coins[0] < epsilon
     if explore.all():
         return (coins[1] * num_actions).astype(np.int64)

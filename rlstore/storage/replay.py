@@ -398,6 +398,8 @@ class ReplayBuffer:
     def _stored_obs(self, flat: np.ndarray) -> torch.Tensor:
         """The observations of flat slots (row * num_envs + env), as stored or rebuilt."""
         if not self.frame_stack:
+            if self._obs_view is not None:  # in host memory: numpy's gather costs less
+                return torch.from_numpy(self._obs_view.reshape(-1, *self.obs_shape)[flat])
             return self.obs.view(-1, *self.obs_shape)[
                 to_device(torch.from_numpy(flat), self.device)
             ]
@@ -410,7 +412,10 @@ class ReplayBuffer:
         from_rows = ((row[..., None] - back) % self.rows) * N + env[..., None]
         from_start = self.rows * N + slot * (k - 1) + np.minimum(position + depth, k - 2)
         index = np.where(back <= depth, from_rows, from_start)
-        stacks = self.frames[to_device(torch.from_numpy(index.reshape(-1)), self.device)]
+        if self._obs_view is not None:
+            stacks = torch.from_numpy(self._obs_view[index.reshape(-1)])
+        else:
+            stacks = self.frames[to_device(torch.from_numpy(index.reshape(-1)), self.device)]
         return stacks.view(*flat.shape, *self.obs_shape)
 
     def _advance(self, action, reward, terminated, truncated, valid, bridge=None) -> None:
@@ -478,20 +483,28 @@ class ReplayBuffer:
             flat = self._uniform(batch_size)
             weights = np.ones(batch_size)
         rewards, discounts, terminated, next_flat = self._n_step(flat)
-        # Three host -> device copies: obs indices, float fields, actions; obs and next_obs
-        # are gathered together.
-        scalars = np.stack((rewards, discounts, terminated, weights), dtype=np.float32)
-        scalars = to_device(torch.from_numpy(scalars), self.sample_device)
-        actions = self._host["actions"].reshape(-1, *self.action_shape)[flat]
-        obs = to_device(self._stored_obs(np.stack((flat, next_flat))), self.sample_device)
+        scalars = np.stack((rewards, discounts, weights, terminated), dtype=np.float32)
+        actions = torch.from_numpy(self._host["actions"].reshape(-1, *self.action_shape)[flat])
+        obs = self._stored_obs(np.stack((flat, next_flat)))  # obs and next_obs in one gather
+        if self.sample_device.type == "cpu":  # no copies: tensors on the numpy arrays
+            rewards, discounts, weights = (torch.from_numpy(x) for x in scalars[:3])
+            terminated = torch.from_numpy(terminated)
+        else:  # three host -> device copies: obs, float fields, actions
+            obs = to_device(obs, self.sample_device)
+            rewards, discounts, weights, terminated = to_device(
+                torch.from_numpy(scalars), self.sample_device
+            ).unbind()
+            terminated = terminated.bool()
+            actions = to_device(actions, self.sample_device)
+        obs, next_obs = obs.unbind()
         return ReplayBatch(
-            obs=obs[0],
-            actions=to_device(torch.from_numpy(actions), self.sample_device),
-            rewards=scalars[0],
-            next_obs=obs[1],
-            terminated=scalars[2].bool(),
-            discounts=scalars[1],
-            weights=scalars[3],
+            obs=obs,
+            actions=actions,
+            rewards=rewards,
+            next_obs=next_obs,
+            terminated=terminated,
+            discounts=discounts,
+            weights=weights,
             indices=torch.from_numpy(self._transition_ids(flat)),
         )
 

@@ -380,10 +380,8 @@ def checked(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> 
 
 def host_array(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> np.ndarray:
     """x as a numpy array in host memory, after the same checks as `checked`."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    elif not isinstance(x, np.ndarray):
-        x = np.asarray(x)
+    if type(x) is not np.ndarray:  # the usual case first: isinstance(x, Tensor) costs more
+        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
     if x.shape != shape:
         raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
     if not _numpy_fits(x.dtype, dtype):
