@@ -3,9 +3,10 @@
     python scripts/dqn_budget.py                      # the defaults, 120k steps
     python scripts/dqn_budget.py --steps 60000 -- --n-step 3 --prioritized
 
-The pieces of the loop (env step, replay add and sample, episode statistics, the TD
-forward, backward, Adam, acting) are wrapped with timers in place, so each is timed where
-it runs, caches and all; micro-benchmarks of the same calls in isolation read about half.
+The pieces of the loop (env step, replay add and sample, episode statistics, acting, and
+the gradient step: numpy's, or torch's TD forward, backward and Adam) are wrapped with
+timers in place, so each is timed where it runs, caches and all; micro-benchmarks of the
+same calls in isolation read a half to a third of that.
 Prints microseconds per env step for each piece and for the whole run. Single-threaded.
 """
 
@@ -21,7 +22,7 @@ import torch
 from rlstore.algos import dqn
 from rlstore.cli import parse_train
 from rlstore.envs import EpisodeStats
-from rlstore.fast import GreedyActor, LeanSyncVectorEnv
+from rlstore.fast import GreedyActor, HostDQNStep, LeanSyncVectorEnv
 from rlstore.storage import ReplayBuffer
 
 seconds: defaultdict[str, float] = defaultdict(float)
@@ -50,6 +51,7 @@ def main() -> None:
     ReplayBuffer.sample = timed("replay sample", ReplayBuffer.sample)
     EpisodeStats.update = timed("episode statistics", EpisodeStats.update)
     GreedyActor.__call__ = timed("greedy actions (acting)", GreedyActor.__call__)
+    HostDQNStep.__call__ = timed("gradient step (numpy)", HostDQNStep.__call__)
     dqn.td_loss = timed("TD loss forward", dqn.td_loss)
     torch.Tensor.backward = timed("backward", torch.Tensor.backward)
     torch.optim.Adam.step = timed("Adam step", torch.optim.Adam.step)
