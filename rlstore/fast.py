@@ -443,7 +443,6 @@ class FlatAdam:
         self.optimizer = optimizer
         self.params = optimizer.param_groups[0]["params"]
         self._flat: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._scratch = np.empty(0, dtype=np.float32)  # Adam's temporaries, one per step
         self._steps: list[np.ndarray] = []
         self._pointers: list[int] = []
 
@@ -474,7 +473,6 @@ class FlatAdam:
             state["exp_avg"], state["exp_avg_sq"] = views[1], views[2]
             offset += n
         self._flat = tuple(buffer.numpy() for buffer in flat)
-        self._scratch = np.empty(total, dtype=np.float32)
         self._steps = [self.optimizer.state[p]["step"].numpy() for p in self.params]
         first, last, state = self.params[0], self.params[-1], self.optimizer.state
         self._pointers = [first.data_ptr(), last.data_ptr()]
@@ -495,21 +493,15 @@ class FlatAdam:
         step = float(self._steps[0])
         group = self.optimizer.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-        # torch Adam's expressions, computed in place (g and one scratch buffer)
-        scratch = self._scratch
         m *= beta1
-        m += np.multiply(g, 1 - beta1, out=scratch)
+        m += (1 - beta1) * g
         v *= beta2
-        g = np.square(g, out=g)
-        g *= 1 - beta2
-        v += g
+        v += (1 - beta2) * np.square(g)
         bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-        denom = np.sqrt(v, out=scratch)
+        denom = np.sqrt(v)
         denom /= np.float32(math.sqrt(bias2))
         denom += np.float32(eps)
-        update = np.multiply(m, np.float32(lr / bias1), out=g)
-        update /= denom
-        params_flat -= update
+        params_flat -= np.float32(lr / bias1) * m / denom
 
 
 def _clip_coefficient(grads: list[np.ndarray], max_norm: float | None) -> float:

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +74,33 @@ def test_epsilon_at_chosen_steps(logdir):
     assert eps[0] == 1.0
     assert eps[750] == pytest.approx(1.0 - 0.5 * 0.95)  # halfway through 0.5 x 3000 steps
     assert eps[1500] == 0.05 and eps[2999] == 0.05
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_epsilon_greedy_against_a_naive_reference(num_envs):
+    """Each env explores when its coin is below epsilon, then takes floor(u * num_actions)
+    from its second uniform; the others act greedily. Same RNG stream as the reference."""
+
+    def greedy(obs):
+        return obs[:, 0].astype(np.int64)  # the 'greedy' action is written in the obs
+
+    def reference(obs, epsilon, num_actions):
+        coins = np.random.random((2, len(obs)))
+        explore = coins[0] < epsilon
+        return np.where(explore, np.floor(coins[1] * num_actions).astype(np.int64), greedy(obs))
+
+    rng = np.random.default_rng(0)
+    for epsilon in (0.0, 0.3, 1.0):
+        np.random.seed(7)
+        obs = rng.integers(0, 4, (200, num_envs, 1)).astype(np.float32)
+        ours = [dqn.epsilon_greedy(greedy, o, epsilon, 4) for o in obs]
+        np.random.seed(7)
+        expected = [reference(o, epsilon, 4) for o in obs]
+        for a, b in zip(ours, expected, strict=True):
+            assert a.dtype == np.int64 and a.shape == (num_envs,)
+            np.testing.assert_array_equal(a, b)
+        explored = np.mean([(a != o[:, 0]).mean() for a, o in zip(ours, obs, strict=True)])
+        assert (explored == 0) if epsilon == 0 else explored > 0
 
 
 def test_td_targets_hand_computed():
