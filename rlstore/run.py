@@ -384,16 +384,20 @@ class Run:
         self.global_step += self.cfg.num_envs
         returns, lengths = self.stats.update(rewards, terminated, truncated)
         if len(returns):
-            now = time.time()
-            for ret, length in zip(returns.tolist(), lengths.tolist(), strict=True):
-                self.episode_returns.append(ret)
-                self.episode_lengths.append(length)
-                self.episode_steps.append(self.global_step)
-                self.episode_times.append(now)
-                self.recent_returns.append(ret)
-                if self.writer is not None:
-                    self.writer.add_scalar("charts/episodic_return", ret, self.global_step)
-                    self.writer.add_scalar("charts/episodic_length", length, self.global_step)
+            self.record_episodes(returns.tolist(), lengths.tolist())
+
+    def record_episodes(self, returns: list[float], lengths: list[int]) -> None:
+        """Log episodes that ended at the current step (record_step calls this)."""
+        now = time.time()
+        for ret, length in zip(returns, lengths, strict=True):
+            self.episode_returns.append(ret)
+            self.episode_lengths.append(length)
+            self.episode_steps.append(self.global_step)
+            self.episode_times.append(now)
+            self.recent_returns.append(ret)
+            if self.writer is not None:
+                self.writer.add_scalar("charts/episodic_return", ret, self.global_step)
+                self.writer.add_scalar("charts/episodic_length", length, self.global_step)
 
     @property
     def recent_mean_return(self) -> float | None:

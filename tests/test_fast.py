@@ -10,6 +10,7 @@ from torch.distributions import Categorical, Normal
 from rlstore.fast import (
     GreedyActor,
     LeanSyncVectorEnv,
+    OneEnvDQNStep,
     SequentialRunner,
     sample_categorical,
     sample_gaussian,
@@ -236,6 +237,55 @@ def ppo_minibatch(continuous, rng, B=96, obs_dim=5, action_dim=3):
         actions = torch.from_numpy(rng.integers(0, action_dim, B))
     noise = lambda scale: torch.from_numpy((rng.normal(size=B) * scale).astype(np.float32))  # noqa: E731
     return RolloutBatch(obs, actions, noise(0.3) - 1.2, noise(1.0), noise(1.0), noise(2.0))
+
+
+@pytest.mark.parametrize("env_id, sign_rewards", [("CartPole-v1", False), ("LunarLander-v3", True)])
+def test_one_env_dqn_step_is_the_loops_step(tmp_path, monkeypatch, env_id, sign_rewards):
+    """A one-env DQN run through OneEnvDQNStep ends bit for bit where the loop's own calls
+    end: the same replay buffer (wrapped around), episodes, parameters and numpy RNG state,
+    with episodes ended by termination and by the time limit (and learnt by sign)."""
+    from rlstore.algos import dqn
+    from rlstore.config import DQNConfig
+    from rlstore.run import Run
+
+    if env_id == "LunarLander-v3":  # rewards of every size: learnt by their sign
+        pytest.importorskip("Box2D", reason="needs rlstore[box2d]")
+    general_steps = []
+    record_step = Run.record_step
+
+    def counted(run, *args):  # only the loop's own step calls it
+        general_steps.append(1)
+        return record_step(run, *args)
+
+    monkeypatch.setattr(Run, "record_step", counted)
+
+    def train(fast: bool):
+        if not fast:
+            monkeypatch.setattr(OneEnvDQNStep, "supports", staticmethod(lambda *args: False))
+        general_steps.clear()
+        seen = {}
+        cfg = DQNConfig(env_id=env_id, total_timesteps=3000, learning_starts=500,
+                        buffer_size=700, batch_size=32, max_episode_steps=40,
+                        sign_rewards=sign_rewards, seed=5, device="cpu", progress=False,
+                        track_tensorboard=False, logdir=str(tmp_path / str(fast)))  # fmt: skip
+        result = dqn.train(cfg, on_step=seen.update)
+        return result, seen["buffer"].state_dict(), np.random.get_state(), len(general_steps)
+
+    fast, plain = train(fast=True), train(fast=False)
+    assert fast[3] == 1 and plain[3] == 3000  # the fresh buffer's first step went the loop's way
+    assert fast[0].episode_returns == plain[0].episode_returns
+    assert fast[0].episode_lengths == plain[0].episode_lengths
+    assert fast[0].episode_steps == plain[0].episode_steps
+    assert any(length < 40 for length in fast[0].episode_lengths) or env_id != "CartPole-v1"
+    assert 40 in fast[0].episode_lengths  # truncations
+    for p, q in zip(fast[0].model.parameters(), plain[0].model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    for name, value in plain[1].items():
+        other = fast[1][name]
+        same = torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+        assert same, name
+    for a, b in zip(fast[2], plain[2], strict=True):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("continuous", [False, True])

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from rlstore.algos.common import linear_schedule, optimizer_params
 from rlstore.config import DQNConfig
 from rlstore.envs import is_frame_stack, make_training_envs
-from rlstore.fast import GreedyActor, HostDQNStep
+from rlstore.fast import GreedyActor, HostDQNStep, OneEnvDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -178,20 +178,33 @@ def train(
     last_update: tuple[torch.Tensor, torch.Tensor] | None = None  # (loss, Q(s, a)), for logging
 
     lives = envs if hasattr(envs, "life_lost") else None  # Atari
+
+    def act_and_store(epsilon: float) -> np.ndarray:
+        """Act epsilon-greedily in every env, store the transitions, count the episodes;
+        the next observations."""
+        action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions)
+        next_obs, reward, terminated, truncated, _ = envs.step(action)
+        learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
+        buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
+                   None if lives is None else lives.life_lost)  # fmt: skip
+        run.record_step(reward, terminated, truncated)
+        return next_obs
+
+    # The same step with one env, with fewer calls (rlstore/fast.py)
+    one_env_step = (
+        OneEnvDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards)
+        if OneEnvDQNStep.supports(envs, buffer)
+        else None
+    )
     with run.start(state):
         for _ in run.iterations():
-            # -- act: epsilon-greedy per env; state.obs is where the envs are --------------
+            # -- act and store: state.obs is where the envs are -------------------------
             epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
-            action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions)
-            next_obs, reward, terminated, truncated, _ = envs.step(action)
-
-            # -- store -----------------------------------------------------------------
-            learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
-            buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
-                       None if lives is None else lives.life_lost)  # fmt: skip
-            state.obs = next_obs
             before = run.global_step
-            run.record_step(reward, terminated, truncated)
+            if one_env_step is not None:
+                state.obs = one_env_step(state.obs, epsilon, act_and_store)
+            else:
+                state.obs = act_and_store(epsilon)
 
             # -- train -----------------------------------------------------------------
             if run.global_step > cfg.learning_starts:
