@@ -588,14 +588,14 @@ class OneEnvDQNStep:
     """One step of DQN's loop with one env: act epsilon-greedily, step the env, write the
     transition into the replay buffer, count the episode. It stands for algos/dqn.py's
     epsilon_greedy -> envs.step -> buffer.add -> run.record_step and leaves the vector env,
-    the buffer, the episode statistics, the run and numpy's RNG exactly as they would
-    (bit for bit), with a few scalar writes where those go through their general, batched
-    checks and bookkeeping: with one env that bookkeeping is most of a step's cost.
+    the buffer, the episode statistics, the run and numpy's RNG as those calls would (bit
+    for bit), with scalar writes where they go through their general, batched checks and
+    bookkeeping: with one env, that bookkeeping is most of a step's cost.
 
     For a LeanSyncVectorEnv of one env and a ReplayBuffer in host memory with flat
     observations and uniform sampling. Returns the env's next observations (a new array,
-    as envs.step returns). Steps the general way when the buffer cannot tell by itself that
-    the stream goes on (a fresh or just loaded buffer).
+    as envs.step returns). When the last step was not its own (the first one, or after a
+    checkpoint was loaded), it takes the loop's general step instead.
     """
 
     def __init__(self, envs: LeanSyncVectorEnv, buffer: Any, run: Any, greedy_actions,
@@ -603,7 +603,11 @@ class OneEnvDQNStep:
         self.envs, self.buffer, self.run = envs, buffer, run
         self.greedy_actions, self.num_actions = greedy_actions, num_actions
         self.sign_rewards = sign_rewards
-        self._last_next_obs: np.ndarray | None = None  # what the last call returned
+        # After its own last step: what it returned, the buffer's add count, and whether
+        # that step ended an episode (envs.autoreset, buffer._last_done and
+        # stats.prev_done, which all hold it).
+        self._next_obs: np.ndarray | None = None
+        self._added, self._done = -1, False
 
     @staticmethod
     def supports(envs: gym.vector.VectorEnv, buffer: Any) -> bool:
@@ -621,34 +625,33 @@ class OneEnvDQNStep:
     ) -> np.ndarray:
         """The step from `obs` (the envs' observations); `general(epsilon)` is the loop's
         own step, for when this one does not apply."""
-        buffer = self.buffer
-        if obs is not self._last_next_obs or buffer._last_next_obs is None or not buffer.added:
-            self._last_next_obs = general(epsilon)
-            return self._last_next_obs
+        buffer, run = self.buffer, self.run
+        if obs is not self._next_obs or buffer.added != self._added:
+            self._next_obs = general(epsilon)
+            self._added, self._done = buffer.added, bool(buffer._last_done[0])
+            return self._next_obs
         # epsilon_greedy for one env: the same two uniforms from numpy's global RNG
         explore, which = np.random.random(2).tolist()
         if explore < epsilon:
             action = int(which * self.num_actions)
         else:
             action = int(self.greedy_actions(obs)[0])
-        # LeanSyncVectorEnv.step
-        envs = self.envs
-        if envs.autoreset[0]:  # the pseudo-step: reset, reward 0, no flags
-            envs.observations[0], _ = envs.envs[0].reset()
-            envs.rewards[0], envs.terminations[0], envs.truncations[0] = 0.0, False, False
-        else:
-            (envs.observations[0], envs.rewards[0], envs.terminations[0],
-             envs.truncations[0], _) = envs.envs[0].step(action)  # fmt: skip
-        terminated, truncated = bool(envs.terminations[0]), bool(envs.truncations[0])
-        done = terminated or truncated
-        envs.autoreset = np.array([done])
+        # LeanSyncVectorEnv.step (its reward and flag arrays only stage what it returns)
+        envs, valid = self.envs, not self._done  # the step after a done is a pseudo-step
+        if valid:
+            next_one, reward, terminated, truncated, _ = envs.envs[0].step(action)
+            reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        else:  # the pseudo-step: reset, reward 0, no flags
+            next_one, _ = envs.envs[0].reset()
+            reward, terminated, truncated = 0.0, False, False
+        done = self._done = terminated or truncated
+        envs.observations[0] = next_one
+        envs.autoreset[0] = done  # the general calls put new arrays: nothing else holds these
         next_obs = envs.observations.copy()
-        reward = envs.rewards[0]
         # ReplayBuffer.add, for a stream that goes on (obs is the last next_obs)
         host, row = buffer._host, buffer.cursor
         following = (row + 1) % buffer.rows
         buffer._obs_view[following] = next_obs
-        valid = not buffer._last_done[0]  # the step after a done is a pseudo-step
         host["actions"][row, 0] = action
         host["rewards"][row, 0] = np.sign(reward) if self.sign_rewards else reward
         host["terminated"][row, 0] = terminated
@@ -661,20 +664,21 @@ class OneEnvDQNStep:
         buffer._count += valid - bool(host["valid"][following, 0])
         host["valid"][following, 0] = False
         buffer.cursor, buffer.added = following, buffer.added + 1
-        buffer._last_next_obs = (next_obs.dtype, next_obs.tobytes())
-        buffer._last_done = np.array([done])
+        buffer._last_next_obs = None  # (its general add then compares with the stored row)
+        buffer._last_done[0] = done
+        self._added = buffer.added
         # Run.record_step and EpisodeStats.update
-        run, stats = self.run, self.run.stats
+        stats = run.stats
         run.global_step += 1
-        if not stats.prev_done[0]:
+        if valid:
             stats.returns[0] += reward
             stats.lengths[0] += 1
-        stats.prev_done = np.array([done])
+        stats.prev_done[0] = done
         if done:
             episode = float(stats.returns[0]), int(stats.lengths[0])
             stats.returns[0], stats.lengths[0] = 0.0, 0
             run.record_episodes([episode[0]], [episode[1]])
-        self._last_next_obs = next_obs
+        self._next_obs = next_obs
         return next_obs
 
 
