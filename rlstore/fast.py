@@ -533,8 +533,9 @@ def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
 class HostDQNStep:
     """One DQN gradient step in numpy, for a Q-network MLP without a dueling head in host
     memory and a torch Adam: algos/dqn.py's td_loss (Double DQN, MSE or Huber, PER
-    weights) with its gradient by hand, then clipping and Adam as HostPPOStep. Returns
-    (loss, TD errors, Q(s, a)) as td_loss does."""
+    weights) with its gradient by hand, then clipping and Adam as HostPPOStep. It takes a
+    batch of numpy arrays (ReplayBuffer.sample_host) and returns (loss, TD errors, Q(s, a))
+    as td_loss does."""
 
     def __init__(self, q_network: nn.Module, target_network: nn.Module, optimizer) -> None:
         self.q_path = q_network.advantage_path
@@ -548,17 +549,17 @@ class HostDQNStep:
 
     def __call__(self, batch: Any, cfg: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         online, target = self.online(), self.target()
-        obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
-        next_obs = batch.next_obs.numpy().reshape(len(obs), -1).astype(np.float32, copy=False)
-        B, actions = len(obs), batch.actions.numpy()
+        obs = batch.obs.reshape(len(batch.obs), -1).astype(np.float32, copy=False)
+        next_obs = batch.next_obs.reshape(len(obs), -1).astype(np.float32, copy=False)
+        B, actions = len(obs), batch.actions
         next_q = _forward(next_obs, target, tanh=False)[1]
         if cfg.double_dqn:
             next_action = _forward(next_obs, online, tanh=False)[1].argmax(-1)
             next_value = next_q[_rows(B), next_action]
         else:
             next_value = next_q.max(-1)
-        next_value[batch.terminated.numpy()] = 0.0
-        td_target = batch.rewards.numpy() + batch.discounts.numpy() * next_value
+        next_value[batch.terminated] = 0.0
+        td_target = batch.rewards + batch.discounts * next_value
         hidden, q = _forward(obs, online, tanh=False)
         q_value = q[_rows(B), actions]
         error = q_value - td_target
@@ -568,7 +569,7 @@ class HostDQNStep:
             d_q = np.clip(error, -1.0, 1.0)
         else:
             elementwise, d_q = np.square(error), 2 * error
-        weights = batch.weights.numpy() if cfg.prioritized else None
+        weights = batch.weights if cfg.prioritized else None
         if weights is not None:
             elementwise, d_q = weights * elementwise, weights * d_q
         d_out = np.zeros_like(q)

@@ -429,6 +429,26 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
             ReplayBuffer(**{**kwargs, name: other}).load(tmp_path / "replay.pt")
 
 
+@pytest.mark.parametrize("prioritized, n_step", [(False, 1), (True, 3)])
+def test_sample_host_is_sample_as_numpy(prioritized, n_step):
+    """The same draws and values as sample(), as numpy arrays, for twin buffers."""
+    kwargs = dict(capacity=40, num_envs=2, obs_shape=(1,), n_step=n_step,
+                  prioritized=prioritized, seed=9)  # fmt: skip
+    buffers = [ReplayBuffer(**kwargs), ReplayBuffer(**kwargs)]
+    for buffer in buffers:
+        scalar_stream(buffer, 50, np.random.default_rng(3), done_prob=0.2)
+    for _ in range(3):
+        batch, host = buffers[0].sample(16, beta=0.5), buffers[1].sample_host(16, beta=0.5)
+        for name, value in batch._asdict().items():
+            other = getattr(host, name)
+            assert isinstance(other, np.ndarray), name
+            assert other.dtype == value.numpy().dtype, name
+            np.testing.assert_array_equal(other, value.numpy(), err_msg=name)
+    frames = ReplayBuffer(64, 1, (4, 8, 8), obs_dtype=np.uint8, frame_stack=4)
+    with pytest.raises(ValueError, match="flat observations in host memory"):
+        frames.sample_host(4)
+
+
 def test_capacity_is_rounded_up_to_whole_rows():
     buffer = ReplayBuffer(capacity=10, num_envs=4, obs_shape=(1,), seed=0)
     assert buffer.capacity == 12

@@ -89,11 +89,13 @@ def gradient_step(
     fast_step: HostDQNStep | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One gradient step on a replay batch (priorities updated with PER); (loss, Q(s, a)).
-    `fast_step`, if given, takes the same step in numpy (rlstore/fast.py)."""
-    batch = buffer.sample(cfg.batch_size, beta=beta)
+    `fast_step`, if given, takes the same step in numpy (rlstore/fast.py) on the same
+    batch as numpy arrays."""
     if fast_step is not None:
+        batch = buffer.sample_host(cfg.batch_size, beta=beta)
         loss, td_error, q_value = fast_step(batch, cfg)
     else:
+        batch = buffer.sample(cfg.batch_size, beta=beta)
         loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -149,12 +151,6 @@ def train(
         greedy_actions = GreedyActor(q_network.advantage_path)
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
-    # The same gradient step in numpy, for MLP Q-networks in host memory (rlstore/fast.py)
-    fast_step = (
-        HostDQNStep(q_network, target_network, optimizer)
-        if HostDQNStep.supports(q_network, optimizer)
-        else None
-    )
     buffer = ReplayBuffer(
         cfg.buffer_size,
         cfg.num_envs,
@@ -169,6 +165,13 @@ def train(
         priority_eps=cfg.per_eps,
         seed=cfg.seed,
         frame_stack=obs_space.shape[0] if frames else 0,
+    )
+    # The same gradient step in numpy, for MLP Q-networks and replay in host memory
+    # (rlstore/fast.py)
+    fast_step = (
+        HostDQNStep(q_network, target_network, optimizer)
+        if HostDQNStep.supports(q_network, optimizer) and buffer.device.type == "cpu"
+        else None
     )
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(q_network, obs_space, action_space)

@@ -468,21 +468,7 @@ class ReplayBuffer:
         Uniform, or proportional to priority^alpha with importance weights for `beta`.
         `indices` (for update_priorities) name the transitions and stay in host memory.
         """
-        if self._count == 0:
-            raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
-        if self.tree is not None:
-            total = self.tree.total
-            mass = (np.arange(batch_size) + self.generator.random(batch_size)) * (
-                total / batch_size
-            )
-            flat = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
-            probs = self.tree.leaves[flat] / total
-            weights = (self._count * probs) ** -beta
-            weights /= weights.max()
-        else:
-            flat = self._uniform(batch_size)
-            weights = np.ones(batch_size)
-        rewards, discounts, terminated, next_flat = self._n_step(flat)
+        flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
         scalars = np.stack((rewards, discounts, weights, terminated), dtype=np.float32)
         actions = torch.from_numpy(self._host["actions"].reshape(-1, *self.action_shape)[flat])
         obs = self._stored_obs(np.stack((flat, next_flat)))  # obs and next_obs in one gather
@@ -507,6 +493,44 @@ class ReplayBuffer:
             weights=weights,
             indices=torch.from_numpy(self._transition_ids(flat)),
         )
+
+    def sample_host(self, batch_size: int, beta: float = 0.4) -> ReplayBatch:
+        """sample() as numpy arrays, for a buffer of flat observations in host memory: the
+        same draws and values, without making tensors (the numpy gradient step's input)."""
+        if self._obs_view is None or self.frame_stack:
+            raise ValueError("sample_host needs a buffer of flat observations in host memory")
+        flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
+        obs = self._obs_view.reshape(-1, *self.obs_shape)[np.stack((flat, next_flat))]
+        return ReplayBatch(
+            obs=obs[0],
+            actions=self._host["actions"].reshape(-1, *self.action_shape)[flat],
+            rewards=rewards.astype(np.float32),
+            next_obs=obs[1],
+            terminated=terminated,
+            discounts=discounts.astype(np.float32),
+            weights=weights.astype(np.float32),
+            indices=self._transition_ids(flat),
+        )
+
+    def _draw(self, batch_size: int, beta: float) -> tuple[np.ndarray, ...]:
+        """A batch's flat slots, the flat slots of its bootstrap observations, its n-step
+        rewards, discounts and terminations, and its importance weights."""
+        if self._count == 0:
+            raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
+        if self.tree is not None:
+            total = self.tree.total
+            mass = (np.arange(batch_size) + self.generator.random(batch_size)) * (
+                total / batch_size
+            )
+            flat = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
+            probs = self.tree.leaves[flat] / total
+            weights = (self._count * probs) ** -beta
+            weights /= weights.max()
+        else:
+            flat = self._uniform(batch_size)
+            weights = np.ones(batch_size)
+        rewards, discounts, terminated, next_flat = self._n_step(flat)
+        return flat, next_flat, rewards, discounts, terminated, weights
 
     def _transition_ids(self, flat: np.ndarray) -> np.ndarray:
         """write * num_envs + env for flat slots: `write` is the add count when the row was
