@@ -12,6 +12,8 @@ The networks, storage and algorithms read as the reference math and call these:
 - HostActorCritic: PPO's and A2C's act() likewise, with sampling from numpy's RNG;
 - LeanSyncVectorEnv: envs stepped in turn into preallocated arrays (Gymnasium's generic
   SyncVectorEnv spends more per step on space dispatch and copies than CartPole itself);
+- OneEnvDQNStep: DQN's act, env step, replay write and episode count for one env as a few
+  scalar writes (with one env, the general calls' batched checks cost more than the env);
 - flush_denormals: DQN's Adam moments of dead ReLU units decay into denormal floats,
   where CPU arithmetic is several times slower.
 
