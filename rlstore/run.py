@@ -443,11 +443,7 @@ class Run:
             env_id=self.cfg.env_id,
             global_step=self.global_step,
             last_log_step=self.last_log_step,
-            episodes={
-                "returns": self.episode_returns,
-                "lengths": self.episode_lengths,
-                "steps": self.episode_steps,
-            },
+            episodes=self.finished_episodes(),
             episode_stats=self.stats.state_dict(),
             wall_seconds=self.wall_seconds(),
             rng=rng_state(),
@@ -457,6 +453,15 @@ class Run:
         for old in checkpoint_files(directory)[self.cfg.keep_checkpoints :]:
             old.unlink()
         return path
+
+    def finished_episodes(self) -> dict[str, list]:
+        """Returns, lengths and global steps of every finished episode (checkpoints and
+        summary.json hold them)."""
+        return {
+            "returns": self.episode_returns,
+            "lengths": self.episode_lengths,
+            "steps": self.episode_steps,
+        }
 
     def wall_seconds(self) -> float:
         """Wall time of the whole run so far, the processes before a resume included."""
@@ -498,11 +503,7 @@ class Run:
             seed=self.cfg.seed,
             global_step=self.global_step,
             wall_seconds=self.wall_seconds(),
-            episodes={
-                "returns": self.episode_returns,
-                "lengths": self.episode_lengths,
-                "steps": self.episode_steps,
-            },
+            episodes=self.finished_episodes(),
         )
         self.close()
         self.progress.update(self.global_step, self.recent_mean_return, force=True)
