@@ -94,7 +94,7 @@ def child_rlstore(
     with tempfile.TemporaryDirectory() as logdir:
         overrides = dict(seed=seed, total_timesteps=steps, logdir=logdir, progress=False,
                          device=device, checkpoint_every=0)  # fmt: skip
-        if algo == "ppo" and ppo_envs != 4 and env == "CartPole-v1":
+        if algo == "ppo" and (env == "CartPole-v1" or is_atari_id(env)):
             overrides["num_envs"] = ppo_envs
         if config:
             overrides["config"] = config
@@ -154,8 +154,9 @@ def child_sb3(
         # rewards clipped; its end-of-life episodes give the same bootstrap cut. v5 ids skip
         # 4 frames themselves and stick actions: both off, so the wrapper does the skipping.
         env_kwargs = {"frameskip": 1, "repeat_action_probability": 0.0} if "/" in env else {}
-        envs = VecFrameStack(make_atari_env(env, n_envs=8, seed=seed, env_kwargs=env_kwargs), 4)
-        model = PPO("CnnPolicy", envs, n_steps=128, batch_size=256, n_epochs=4,  # 4 minibatches
+        envs = make_atari_env(env, n_envs=ppo_envs, seed=seed, env_kwargs=env_kwargs)
+        model = PPO("CnnPolicy", VecFrameStack(envs, 4), n_steps=128,
+                    batch_size=ppo_envs * 128 // 4, n_epochs=4,  # 4 minibatches
                     learning_rate=lambda f: 2.5e-4 * f, ent_coef=0.01,
                     **{**ppo_common, "clip_range": 0.1, "clip_range_vf": 0.1})  # fmt: skip
     elif env != "CartPole-v1":  # PPO's MuJoCo defaults, as rlstore's configs/ppo/mujoco.toml
@@ -236,7 +237,6 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     from rlstore.networks import actor_critic_for
 
     device = torch.device(device_name)
-    num_envs = num_envs if env == "CartPole-v1" else resolve("ppo", env)[0].num_envs
     envs = make_vec_env(env, num_envs, seed=0)
     envs.reset(seed=0)
     action = envs.action_space.sample() * 0
@@ -454,9 +454,17 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1", help="for PPO: e.g. HalfCheetah-v4")
     parser.add_argument("--device", default="cpu", help="cpu or cuda, for both trainers")
     parser.add_argument(
-        "--ppo-envs", type=int, default=4, help="PPO envs (a large native batch: e.g. 1024)"
+        "--ppo-envs",
+        type=int,
+        help="PPO envs on CartPole-v1 (default 4; a large native batch: e.g. 1024) or an "
+        "Atari id (default 8, the preset's)",
     )
     args = parser.parse_args()
+    from rlstore.config import resolve
+
+    default_envs = 4 if args.env == "CartPole-v1" else resolve("ppo", args.env)[0].num_envs
+    asked_envs = args.ppo_envs
+    args.ppo_envs = asked_envs or default_envs
     if args.parallel:
         args.out = args.out or "docs/parallel-latest"
         parallel_main(args)
@@ -507,7 +515,7 @@ def main() -> None:
         )
         + (" --no-sb3" if args.no_sb3 else "")
         + (f" --device {args.device}" if args.device != "cpu" else "")
-        + (f" --ppo-envs {args.ppo_envs}" if args.ppo_envs != 4 else "")
+        + (f" --ppo-envs {asked_envs}" if asked_envs else "")
         + (f" --env {args.env}" if args.env != "CartPole-v1" else "")
         + (" --default-threads" if args.default_threads else "")
         + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "

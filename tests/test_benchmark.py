@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rlstore.cli import main
+from rlstore.config import PRESET_DIR
 from rlstore.suite import (
     Row,
     Suite,
@@ -164,7 +165,9 @@ def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
 
 
 def test_shipped_suites_load_and_name_their_sources():
-    for name in ("classic", "box2d", "mujoco", "atari-short"):
+    names = sorted(path.stem for path in (PRESET_DIR / "suites").glob("*.toml"))
+    assert {"classic", "box2d", "mujoco", "atari-breakout", "atari-10m"} <= set(names)
+    for name in names:
         suite = load_suite(find_suite(name))
         assert suite.rows
         preflight(suite.rows)  # configs, env ids, extras (CI installs them), spaces
