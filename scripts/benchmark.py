@@ -462,6 +462,8 @@ def main() -> None:
     args = parser.parse_args()
     from rlstore.config import resolve
 
+    if args.ppo_envs and args.env != "CartPole-v1" and not is_atari_id(args.env):
+        parser.error("--ppo-envs applies to CartPole-v1 and Atari ids")
     default_envs = 4 if args.env == "CartPole-v1" else resolve("ppo", args.env)[0].num_envs
     asked_envs = args.ppo_envs
     args.ppo_envs = asked_envs or default_envs
