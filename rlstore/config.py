@@ -66,9 +66,9 @@ class CommonConfig:
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
     torch_threads: Count | Literal["auto"] = "auto"
     """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1, because
-    rlstore's networks are small MLPs that a second thread does not speed up, and spare
-    threads spinning on shared cores make several runs at once collapse. A number
-    overrides it."""
+    a second thread does not speed up the small MLPs, and spare threads spinning on shared
+    cores make several runs at once collapse (Atari's CNN: 8x slower). A run alone with a
+    CNN on a CPU gains from more (docs/atari.md). A number overrides it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
