@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks in one short run, for a machine with a CUDA GPU (about 9 minutes on an H200):
+# The GPU checks in one short run, for a machine with a CUDA GPU (sized for about 9 minutes on
+# an H200, not yet timed there):
 #   bash scripts/gpu_check.sh [RESULTS]          # RESULTS: default docs
 #   bash scripts/gpu_check.sh --long [RESULTS]   # then the 10M-step Atari comparison (hours)
 # 1. PPO at the Atari defaults with --device cuda, rlstore and SB3 side by side, 8 envs, then
