@@ -69,7 +69,8 @@ python - "$learning" <<'EOF'  # each run's numbers, finished or stopped (from it
 import json, sys
 from pathlib import Path
 from rlstore.checkpoint import read_newest_checkpoint
-from rlstore.suite import run_result
+from rlstore.suite import find_suite, load_suite, run_result
+suite = load_suite(find_suite("atari-breakout"))
 out = {}
 for run_dir in sorted(Path(sys.argv[1]).glob("runs/*")):
     if (run_dir / "summary.json").is_file():
@@ -80,7 +81,7 @@ for run_dir in sorted(Path(sys.argv[1]).glob("runs/*")):
                    "wall_seconds": state["wall_seconds"], "seed": None}
     else:
         continue
-    result = run_result(summary | {"run_dir": str(run_dir)}, 100, 10)
+    result = run_result(summary | {"run_dir": str(run_dir)}, suite.window, suite.rows[0].threshold)
     last20 = summary["episodes"]["returns"][-20:]
     result["last_20_mean"] = sum(last20) / max(len(last20), 1)
     result["episodes_steps_returns"] = list(zip(summary["episodes"]["steps"],
