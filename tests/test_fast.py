@@ -9,6 +9,7 @@ from torch.distributions import Categorical, Normal
 
 from rlstore.fast import (
     GreedyActor,
+    LeanRollout,
     LeanSyncVectorEnv,
     OneEnvDQNStep,
     SequentialRunner,
@@ -90,6 +91,31 @@ def test_host_actor_critic_acts_as_the_torch_policy(continuous):
         optimizer.step()
     agent.to("meta")  # parameters not in host memory: the caller falls back to torch
     assert agent.act_on_host(obs) is None and agent.act_on_host.value(obs) is None
+
+
+def test_host_actor_critic_samples_by_the_inverse_cdf():
+    """A categorical sample is the number of cumulative probabilities below the uniform,
+    at most the last action (a uniform above a total rounded below 1), and its log-prob
+    that of the log-softmax; here the actor's single layer passes the logits through."""
+    rng = np.random.default_rng(1)
+    agent = ActorCritic(7, 7)
+    identity = [(np.eye(7, dtype=np.float32), np.zeros(7, np.float32))]
+    critic = [(np.ones((7, 1), np.float32), np.zeros(1, np.float32))]
+    above_total = 0
+    for _ in range(300):
+        logits = (rng.normal(size=(64, 7)) * rng.choice([0.1, 3.0, 30.0])).astype(np.float32)
+        u = rng.random((64, 1)).astype(np.float32)
+        u[:32] = np.float32(1) - np.float32(2**-24)  # the largest float32 below 1
+        action, log_prob, value = agent.act_on_host.sample(logits, identity, critic, u)
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        cdf = np.exp(log_probs).cumsum(-1)
+        expected = np.minimum((cdf < u).sum(-1), 6)
+        above_total += int((cdf[:, -1] < u[:, 0]).sum())
+        np.testing.assert_array_equal(action, expected)
+        np.testing.assert_array_equal(log_prob, log_probs[np.arange(64), expected])
+        np.testing.assert_array_equal(value, (logits @ critic[0][0])[:, 0])
+    assert above_total > 0
 
 
 class InfoEnv(gym.Env):
@@ -434,3 +460,74 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "dynamo imported: False" in out.stdout
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])  # Discrete and Box actions
+def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id):
+    """Rollouts collected through LeanRollout leave the storage, the vector env, the episode
+    statistics, the run and numpy's RNG bit for bit as the loop's own calls leave them, with
+    episodes ended by termination and by the time limit; when the env, the storage and the
+    statistics disagree on the last step (a checkpoint loaded into one of them), the loop's
+    own step goes first, once."""
+    from rlstore.algos.common import build_actor_critic, collect_rollout
+    from rlstore.config import resolve
+    from rlstore.run import Run
+
+    general_steps = []
+    record_step = Run.record_step
+
+    def counted(run, *args):  # only the loop's own step calls it
+        general_steps.append(1)
+        return record_step(run, *args)
+
+    monkeypatch.setattr(Run, "record_step", counted)
+
+    def collect(lean: bool) -> list:
+        overrides = dict(logdir=str(tmp_path / str(lean)), device="cpu", progress=False,
+                         track_tensorboard=False, max_episode_steps=13, num_steps=32, seed=3,
+                         norm_obs=False, norm_reward=False)  # fmt: skip
+        cfg = resolve("ppo", env_id, overrides)[0]
+        run = Run(cfg, "ppo")
+        agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
+        assert LeanRollout.supports(state.envs, storage, agent.act_on_host)
+        if not lean:
+            monkeypatch.setattr(LeanRollout, "supports", staticmethod(lambda *args: False))
+        np.random.seed(7)
+        general_steps.clear()
+        seen = []
+        for rollout in range(6):
+            if rollout == 3:  # the statistics think that env 1 has just ended an episode
+                run.stats.prev_done[1] = True
+            collect_rollout(agent, storage, state, run)
+            envs, stats = state.envs, run.stats
+            seen.append([getattr(storage, name).clone() for name in
+                         ("obs", "actions", "log_probs", "values", "rewards", "terminated",
+                          "truncated", "life_lost", "valid", "prev_done")]  # fmt: skip
+                        + [storage.step, run.global_step, stats.returns.copy(),
+                           stats.lengths.copy(), stats.prev_done.copy()]
+                        + [getattr(envs, name).copy() for name in
+                           ("observations", "rewards", "terminations", "truncations",
+                            "autoreset")])  # fmt: skip
+            storage.after_update()
+            with torch.no_grad():  # a new policy for the next rollout
+                for p in agent.parameters():
+                    p.add_(0.1 * torch.randn_like(p))
+        episodes = (run.episode_returns, run.episode_lengths, run.episode_steps)
+        state.envs.close()
+        return seen, episodes, np.random.get_state(), len(general_steps)
+
+    torch.manual_seed(0)
+    lean = collect(lean=True)
+    torch.manual_seed(0)
+    plain = collect(lean=False)
+    assert lean[3] == 1 and plain[3] == 6 * 32  # one step of the loop's own, at the mismatch
+    for lean_rollout, plain_rollout in zip(lean[0], plain[0], strict=True):
+        for a, b in zip(lean_rollout, plain_rollout, strict=True):
+            same = torch.equal(a, b) if isinstance(a, torch.Tensor) else np.array_equal(a, b)
+            assert same and type(a) is type(b) and getattr(a, "dtype", 0) == getattr(b, "dtype", 0)
+    assert lean[1] == plain[1]
+    assert 13 in lean[1][1]  # truncations
+    if env_id == "CartPole-v1":
+        assert any(length < 13 for length in lean[1][1])  # terminations
+    for a, b in zip(lean[2], plain[2], strict=True):
+        assert np.array_equal(a, b)

@@ -8,6 +8,7 @@ from gymnasium import spaces
 
 from rlstore.config import OnPolicyConfig
 from rlstore.envs import make_training_envs
+from rlstore.fast import LeanRollout
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
 from rlstore.normalize import ObsNormalizer, RewardScaler
 from rlstore.run import Run, TrainingState
@@ -83,7 +84,8 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
     space = envs.single_action_space
     act_on_host = getattr(agent, "act_on_host", None)  # numpy, for MLPs in host memory
     lives = envs if hasattr(envs, "life_lost") else None  # Atari
-    for _ in range(storage.num_steps):
+
+    def step() -> None:
         host_obs = storage.current_obs_on_host
         acted = act_on_host(host_obs) if act_on_host and host_obs is not None else None
         if acted is not None:
@@ -103,6 +105,14 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
                        None if lives is None else lives.life_lost)  # fmt: skip
         run.record_step(reward, terminated, truncated)
+
+    # The same steps with fewer calls, for small envs stepped in this process (rlstore/fast.py)
+    plain = obs_norm is None and reward_scale is None and not sign_rewards and lives is None
+    if plain and LeanRollout.supports(envs, storage, act_on_host):
+        LeanRollout(envs, storage, act_on_host, run).collect(general_step=step)
+        return
+    for _ in range(storage.num_steps):
+        step()
 
 
 def compute_returns(agent: ActorCritic, storage: RolloutStorage, cfg: OnPolicyConfig) -> None:
