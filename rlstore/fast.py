@@ -10,6 +10,9 @@ The networks, storage and algorithms read as the reference math and call these:
 - GreedyActor: DQN's argmax Q for host observations, in numpy when the network is on
   the CPU (one tiny forward per env step, where torch's dispatch costs most);
 - HostActorCritic: PPO's and A2C's act() likewise, with sampling from numpy's RNG;
+- LeanRollout: PPO's and A2C's collect steps for a LeanSyncVectorEnv and host storage,
+  each env's results written straight into the storage (the general calls' checks and
+  batched bookkeeping cost a third of a step of 4 small envs);
 - LeanSyncVectorEnv: envs stepped in turn into preallocated arrays (Gymnasium's generic
   SyncVectorEnv spends more per step on space dispatch and copies than CartPole itself);
 - OneEnvDQNStep: DQN's act, env step, replay write and episode count for one env as a few

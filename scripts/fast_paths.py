@@ -23,6 +23,7 @@ from rlstore.fast import (
     GreedyActor,
     HostDQNStep,
     HostPPOStep,
+    LeanRollout,
     LeanSyncVectorEnv,
     sample_categorical,
 )
@@ -95,8 +96,37 @@ def dqn_gradient_step() -> tuple[str, float, float]:
         optimizer.step()
 
     fast = HostDQNStep(q_network, target, optimizer)
-    fast_us = per_call_us(lambda: fast(batch, cfg), n=300)
+    host_batch = ReplayBatch(*(x.numpy() for x in batch))  # as ReplayBuffer.sample_host gives
+    fast_us = per_call_us(lambda: fast(host_batch, cfg), n=300)
     return "HostDQNStep: a DQN gradient step, batch 128", per_call_us(torch_step, n=300), fast_us
+
+
+def collect_step() -> tuple[str, float, float]:
+    """A step of PPO's collect loop at the defaults (4 CartPole envs): the loop's own calls
+    vs LeanRollout, per vector step over whole rollouts."""
+    import tempfile
+
+    from rlstore.algos.common import build_actor_critic, collect_rollout
+    from rlstore.config import resolve
+    from rlstore.run import Run
+
+    supports, per_step = LeanRollout.supports, {}
+    with tempfile.TemporaryDirectory() as logdir:
+        overrides = dict(logdir=logdir, device="cpu", progress=False, track_tensorboard=False)
+        cfg = resolve("ppo", "CartPole-v1", overrides)[0]
+        run = Run(cfg, "ppo")
+        agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
+
+        def rollout():
+            collect_rollout(agent, storage, state, run)
+            storage.after_update()
+
+        for lean in (False, True):
+            LeanRollout.supports = supports if lean else staticmethod(lambda *args: False)
+            per_step[lean] = per_call_us(rollout, n=20) / cfg.num_steps
+        LeanRollout.supports = supports
+        state.envs.close()
+    return "LeanRollout: a step of PPO's collect loop, 4 CartPole envs", *per_step.values()
 
 
 def main() -> None:
@@ -136,6 +166,7 @@ def main() -> None:
     host_us = per_call_us(lambda: agent.act_on_host(obs4_host))
     rows.append(("HostActorCritic: PPO's act (forward and sampling), 4 host obs",
                  per_call_us(torch_act), host_us))  # fmt: skip
+    rows.append(collect_step())
     rows.append(ppo_minibatch_step())
     rows.append(dqn_gradient_step())
 
