@@ -78,7 +78,7 @@ def child_rlstore(
     steps: int,
     launch: float,
     device: str,
-    ppo_envs: int,
+    ppo_envs: int | None,
     config: str,
     env: str = "CartPole-v1",
     one_thread: bool = True,
@@ -94,7 +94,7 @@ def child_rlstore(
     with tempfile.TemporaryDirectory() as logdir:
         overrides = dict(seed=seed, total_timesteps=steps, logdir=logdir, progress=False,
                          device=device, checkpoint_every=0)  # fmt: skip
-        if algo == "ppo" and (env == "CartPole-v1" or is_atari_id(env)):
+        if algo == "ppo" and ppo_envs:  # asked for: over the preset and any config file
             overrides["num_envs"] = ppo_envs
         if config:
             overrides["config"] = config
@@ -491,8 +491,8 @@ def main() -> None:
                     env=args.env,
                     one_thread=not args.default_threads,
                 )
-                if trainer == "rlstore":
-                    spec["config"] = configs.get(algo, "")
+                if trainer == "rlstore":  # the preset's or the config file's envs, unless asked
+                    spec.update(config=configs.get(algo, ""), ppo_envs=asked_envs)
                 result = launch(**spec)
                 result.update(trainer=trainer, algo=algo, seed=seed, steps=steps)
                 runs.append(result)
