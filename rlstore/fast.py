@@ -720,8 +720,8 @@ class LeanRollout:
 
     Without observation normalization, reward scaling, rewards learnt by sign or lives
     (the caller checks those). The env, the storage and the statistics each keep whether
-    the last step ended an episode; when they disagree (only after a checkpoint was
-    loaded into one of them), the loop's general step goes first.
+    the last step ended an episode; when they disagree (a resume that had to reset the
+    envs, for one), the loop's general step goes first.
     """
 
     def __init__(
@@ -739,7 +739,7 @@ class LeanRollout:
             and bool(act.actor())
         )
 
-    def _in_step(self) -> bool:
+    def _in_lockstep(self) -> bool:
         """Whether the env, storage and statistics agree on which envs just ended."""
         done = self.envs.autoreset
         return bool(
@@ -749,7 +749,7 @@ class LeanRollout:
     def collect(self, general_step: Callable[[], None]) -> None:
         """The rest of the rollout; `general_step()` is the loop's own step."""
         storage, envs, run, act = self.storage, self.envs, self.run, self.act
-        while storage.step < storage.num_steps and not self._in_step():
+        while storage.step < storage.num_steps and not self._in_lockstep():
             general_step()
         start = storage.step
         if start == storage.num_steps:
