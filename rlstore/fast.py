@@ -718,16 +718,17 @@ class LeanRollout:
     episode statistics kept as Python numbers: for a few small envs, the general calls'
     checks and batched bookkeeping cost a third of the step.
 
-    Without observation normalization, reward scaling, rewards learnt by sign or lives
-    (the caller checks those). The env, the storage and the statistics each keep whether
-    the last step ended an episode; when they disagree (a resume that had to reset the
-    envs, for one), the loop's general step goes first.
+    With an observation normalizer and a reward scaler (`obs_norm`, `reward_scale`), each
+    step's observations and rewards go through them as the loop sends them; without rewards
+    learnt by sign or lives (the caller checks those). The env, the storage and the
+    statistics each keep whether the last step ended an episode; when they disagree (a
+    resume that had to reset the envs, for one), the loop's general step goes first.
     """
 
-    def __init__(
-        self, envs: LeanSyncVectorEnv, storage: Any, act: HostActorCritic, run: Any
-    ) -> None:
+    def __init__(self, envs: LeanSyncVectorEnv, storage: Any, act: HostActorCritic, run: Any,
+                 obs_norm: Any = None, reward_scale: Any = None) -> None:  # fmt: skip
         self.envs, self.storage, self.act, self.run = envs, storage, act, run
+        self.obs_norm, self.reward_scale = obs_norm, reward_scale
 
     @staticmethod
     def supports(envs: gym.vector.VectorEnv, storage: Any, act: Any) -> bool:
@@ -749,6 +750,7 @@ class LeanRollout:
     def collect(self, general_step: Callable[[], None]) -> None:
         """The rest of the rollout; `general_step()` is the loop's own step."""
         storage, envs, run, act = self.storage, self.envs, self.run, self.act
+        obs_norm, reward_scale = self.obs_norm, self.reward_scale
         while storage.step < storage.num_steps and not self._in_lockstep():
             general_step()
         start = storage.step
@@ -771,7 +773,8 @@ class LeanRollout:
             env_actions = np.clip(action, space.low, space.high) if box else action
             if discrete:  # Python ints, as LeanSyncVectorEnv.step sends them
                 env_actions = env_actions.tolist()
-            next_obs = obs_rows[t + 1]
+            # (normalized, the observations go to the storage through the env's own array)
+            next_obs = obs_rows[t + 1] if obs_norm is None else envs.observations
             step_rewards, step_terminated, step_truncated = [0.0] * N, [False] * N, [False] * N
             after_done.append(ended.copy())  # a pseudo-step: not a valid transition
             finished = None
@@ -789,7 +792,14 @@ class LeanRollout:
                     ended[i] = True
                     finished = [] if finished is None else finished
                     finished.append(i)
-            rewards.append(step_rewards)
+            if obs_norm is not None:
+                obs_rows[t + 1] = obs_norm(next_obs, update=True)
+            if reward_scale is None:
+                rewards.append(step_rewards)
+            else:  # the raw rewards' last step is kept for the env's own array
+                raw_rewards = step_rewards
+                flags = np.array(step_terminated), np.array(step_truncated)
+                rewards.append(reward_scale(np.array(step_rewards), *flags))
             terminations.append(step_terminated)
             truncations.append(step_truncated)
             run.global_step += N
@@ -802,14 +812,16 @@ class LeanRollout:
             ("actions", "log_probs", "values"), zip(*acted, strict=True), strict=True
         ):
             views[name][start:] = np.stack(column)
-        views["rewards"][start:] = rewards  # (float64 values, rounded to float32 once, as there)
+        views["rewards"][start:] = rewards  # (rounded to float32 once, as there)
         views["terminated"][start:], views["truncated"][start:] = terminations, truncations
         np.logical_not(after_done, out=storage._valid[start:])
         storage.step, storage._returns_ready = T, False
         storage._prev_done[:] = ended
         stats.returns[:], stats.lengths[:], stats.prev_done = returns, lengths, np.array(ended)
-        envs.observations[:] = obs_rows[T]
-        envs.rewards[:], envs.terminations[:] = rewards[-1], terminations[-1]
+        if obs_norm is None:
+            envs.observations[:] = obs_rows[T]
+        envs.rewards[:] = rewards[-1] if reward_scale is None else raw_rewards
+        envs.terminations[:] = terminations[-1]
         envs.truncations[:], envs.autoreset = truncations[-1], np.array(ended)
 
 

@@ -462,13 +462,15 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
     assert "dynamo imported: False" in out.stdout
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])  # Discrete and Box actions
-def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id):
+@pytest.mark.parametrize("env_id, normalize", [
+    ("CartPole-v1", False), ("Pendulum-v1", False), ("Pendulum-v1", True),  # Box actions
+    ("CartPole-v1", True)])  # fmt: skip
+def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id, normalize):
     """Rollouts collected through LeanRollout leave the storage, the vector env, the episode
-    statistics, the run and numpy's RNG bit for bit as the loop's own calls leave them, with
-    episodes ended by termination and by the time limit; when the env, the storage and the
-    statistics disagree on the last step (a checkpoint loaded into one of them), the loop's
-    own step goes first, once."""
+    statistics, the normalizers, the run and numpy's RNG bit for bit as the loop's own
+    calls leave them, with episodes ended by termination and by the time limit; when the
+    env, the storage and the statistics disagree on the last step (a checkpoint loaded into
+    one of them), the loop's own step goes first, once."""
     from rlstore.algos.common import build_actor_critic, collect_rollout
     from rlstore.config import resolve
     from rlstore.run import Run
@@ -485,7 +487,7 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id):
     def collect(lean: bool) -> list:
         overrides = dict(logdir=str(tmp_path / str(lean)), device="cpu", progress=False,
                          track_tensorboard=False, max_episode_steps=13, num_steps=32, seed=3,
-                         norm_obs=False, norm_reward=False)  # fmt: skip
+                         norm_obs=normalize, norm_reward=normalize)  # fmt: skip
         cfg = resolve("ppo", env_id, overrides)[0]
         run = Run(cfg, "ppo")
         agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
@@ -507,7 +509,10 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id):
                            stats.lengths.copy(), stats.prev_done.copy()]
                         + [getattr(envs, name).copy() for name in
                            ("observations", "rewards", "terminations", "truncations",
-                            "autoreset")])  # fmt: skip
+                            "autoreset")]
+                        + [value for part in ("obs_normalizer", "reward_scaler")
+                           if part in state.parts
+                           for value in state.parts[part].state_dict().values()])  # fmt: skip
             storage.after_update()
             with torch.no_grad():  # a new policy for the next rollout
                 for p in agent.parameters():

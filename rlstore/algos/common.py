@@ -107,9 +107,9 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         run.record_step(reward, terminated, truncated)
 
     # The same steps with fewer calls, for small envs stepped in this process (rlstore/fast.py)
-    plain = obs_norm is None and reward_scale is None and not sign_rewards and lives is None
-    if plain and LeanRollout.supports(envs, storage, act_on_host):
-        LeanRollout(envs, storage, act_on_host, run).collect(general_step=step)
+    if not sign_rewards and lives is None and LeanRollout.supports(envs, storage, act_on_host):
+        lean = LeanRollout(envs, storage, act_on_host, run, obs_norm, reward_scale)
+        lean.collect(general_step=step)
         return
     for _ in range(storage.num_steps):
         step()
