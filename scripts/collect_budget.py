@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
-from collections import defaultdict
 
 import gymnasium as gym
 import torch
+from dqn_budget import seconds, timed  # (this script's folder is on the path)
 
 from rlstore.algos import ppo
 from rlstore.cli import parse_train
@@ -37,20 +36,9 @@ PIECES = {
 }
 
 
-def timed(seconds: defaultdict, name: str, fn):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            seconds[name] += time.perf_counter() - start
-
-    return wrapper
-
-
 def budget(flags: list[str], lean: bool) -> tuple[dict[str, float], int]:
     """Seconds per piece of one run, and its vector steps."""
-    seconds: defaultdict[str, float] = defaultdict(float)
+    seconds.clear()
     originals = {
         (ppo, "collect_rollout"): ppo.collect_rollout,
         (HostActorCritic, "sample"): HostActorCritic.sample,
@@ -61,7 +49,7 @@ def budget(flags: list[str], lean: bool) -> tuple[dict[str, float], int]:
     }
     names = ["collect", "act", "env", "env", "insert", "record"]
     for ((owner, attribute), fn), name in zip(originals.items(), names, strict=True):
-        setattr(owner, attribute, timed(seconds, name, fn))
+        setattr(owner, attribute, timed(name, fn))
     supports = LeanRollout.supports
     if not lean:
         LeanRollout.supports = staticmethod(lambda *args: False)
@@ -89,13 +77,13 @@ def main() -> None:
     print("| piece | " + " | ".join(runs) + " |")
     print("|---|" + "---|" * len(runs))
     for key, label in PIECES.items():
-        cells = [f"{seconds.get(key, 0.0) / steps * 1e6:.1f}" for seconds, steps in runs.values()]
+        cells = [f"{spent.get(key, 0.0) / steps * 1e6:.1f}" for spent, steps in runs.values()]
         print(f"| {label.strip() if key == 'collect' else '- ' + label.strip()} | "
               + " | ".join(cells) + " |")  # fmt: skip
     rest = []
-    for seconds, steps in runs.values():
-        inner = sum(seconds.get(key, 0.0) for key in PIECES if key != "collect")
-        rest.append(f"{(seconds['collect'] - inner) / steps * 1e6:.1f}")
+    for spent, steps in runs.values():
+        inner = sum(spent.get(key, 0.0) for key in PIECES if key != "collect")
+        rest.append(f"{(spent['collect'] - inner) / steps * 1e6:.1f}")
     print("| - the rest (loop, vector env bookkeeping, writes) | " + " | ".join(rest) + " |")
 
 

@@ -265,25 +265,33 @@ def ppo_minibatch(continuous, rng, B=96, obs_dim=5, action_dim=3):
     return RolloutBatch(obs, actions, noise(0.3) - 1.2, noise(1.0), noise(1.0), noise(2.0))
 
 
+@pytest.fixture
+def general_steps(monkeypatch) -> list:
+    """One item per call of Run.record_step: only the loop's own step calls it."""
+    from rlstore.run import Run
+
+    calls, record_step = [], Run.record_step
+
+    def counted(run, *args):
+        calls.append(1)
+        return record_step(run, *args)
+
+    monkeypatch.setattr(Run, "record_step", counted)
+    return calls
+
+
 @pytest.mark.parametrize("env_id, sign_rewards", [("CartPole-v1", False), ("LunarLander-v3", True)])
-def test_one_env_dqn_step_is_the_loops_step(tmp_path, monkeypatch, env_id, sign_rewards):
+def test_one_env_dqn_step_is_the_loops_step(
+    tmp_path, monkeypatch, general_steps, env_id, sign_rewards
+):
     """A one-env DQN run through OneEnvDQNStep ends bit for bit where the loop's own calls
     end: the same replay buffer (wrapped around), episodes, parameters and numpy RNG state,
     with episodes ended by termination and by the time limit (and learnt by sign)."""
     from rlstore.algos import dqn
     from rlstore.config import DQNConfig
-    from rlstore.run import Run
 
     if env_id == "LunarLander-v3":  # rewards of every size: learnt by their sign
         pytest.importorskip("Box2D", reason="needs rlstore[box2d]")
-    general_steps = []
-    record_step = Run.record_step
-
-    def counted(run, *args):  # only the loop's own step calls it
-        general_steps.append(1)
-        return record_step(run, *args)
-
-    monkeypatch.setattr(Run, "record_step", counted)
 
     def train(fast: bool):
         if not fast:
@@ -465,7 +473,7 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
 @pytest.mark.parametrize("env_id, normalize", [
     ("CartPole-v1", False), ("Pendulum-v1", False), ("Pendulum-v1", True),  # Box actions
     ("CartPole-v1", True)])  # fmt: skip
-def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id, normalize):
+def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, env_id, normalize):
     """Rollouts collected through LeanRollout leave the storage, the vector env, the episode
     statistics, the normalizers, the run and numpy's RNG bit for bit as the loop's own
     calls leave them, with episodes ended by termination and by the time limit; when the
@@ -474,15 +482,6 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, env_id, normaliz
     from rlstore.algos.common import build_actor_critic, collect_rollout
     from rlstore.config import resolve
     from rlstore.run import Run
-
-    general_steps = []
-    record_step = Run.record_step
-
-    def counted(run, *args):  # only the loop's own step calls it
-        general_steps.append(1)
-        return record_step(run, *args)
-
-    monkeypatch.setattr(Run, "record_step", counted)
 
     def collect(lean: bool) -> list:
         overrides = dict(logdir=str(tmp_path / str(lean)), device="cpu", progress=False,
