@@ -9,7 +9,8 @@
 #    at once); meanwhile the CUDA-only tests and the Atari, network and fast-path tests on
 #    CUDA. Runs still going after GPU_CHECK_LEARNING_S (360) seconds are stopped with SIGINT,
 #    so they checkpoint; their episodes so far are summarised from the checkpoints.
-# 3. PPO with a large native batch (1,024 CartPole envs), and the CartPole PPO/DQN defaults.
+# 3. PPO with a large native batch (1,024 CartPole envs), and the CartPole PPO/DQN defaults
+#    on the GPU, then (rlstore alone) on the same machine's CPU.
 # Each stage has its own time limit, cut to what is left of GPU_CHECK_DEADLINE_S (900) seconds
 # from the start; a stage with under 30 s left is skipped, and a failed stage does not stop
 # the next ones, so the script ends by its deadline without being killed from outside (a
@@ -98,6 +99,11 @@ stage cartpole-1024-envs 150 python scripts/benchmark.py --algos ppo --device cu
 stage cartpole-defaults 150 python scripts/benchmark.py --algos ppo dqn --device cuda \
     --default-threads --ppo-steps 50000 --dqn-steps 50000 --seeds 1 \
     --out "$results/benchmark-gpu-defaults"
+# The same rlstore runs on the CPU of the same machine: what `--device auto` (CUDA when
+# present) costs or gains the small MLPs of the CartPole defaults
+stage cartpole-defaults-cpu 60 python scripts/benchmark.py --algos ppo dqn --device cpu \
+    --default-threads --ppo-steps 50000 --dqn-steps 50000 --seeds 1 --no-sb3 \
+    --out "$results/benchmark-gpu-machine-cpu-defaults"
 if [ $long = 1 ]; then  # the published comparison: hours, resumable (run it again to go on)
     python -m rlstore benchmark atari-10m --workers 3 --out "$results/learning-atari-10m"
 fi
