@@ -85,7 +85,8 @@ class BenchmarkArgs:
     row falls below its reference band."""
 
     suite: tyro.conf.Positional[str]
-    """A suite TOML file, or the name of a shipped one (classic, box2d, mujoco, atari-short)."""
+    """A suite TOML file, or the name of a shipped one (configs/suites/: classic, box2d,
+    mujoco, atari-short, atari-breakout, atari-10m)."""
     out: str | None = None
     """Output directory (runs/, logs/, results); default benchmarks/{suite name}."""
     workers: int | None = None

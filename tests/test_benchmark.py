@@ -1,6 +1,7 @@
 """`rlstore benchmark`: runs once, skips what finished, resumes what was interrupted, and
 its table equals the same runs made by hand."""
 
+import inspect
 import json
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlstore.cli import main
+from rlstore.cli import BenchmarkArgs, main
 from rlstore.config import PRESET_DIR
 from rlstore.suite import (
     Row,
@@ -173,6 +174,10 @@ def test_shipped_suites_load_and_name_their_sources():
         preflight(suite.rows)  # configs, env ids, extras (CI installs them), spaces
         for row in suite.rows:
             assert row.band is None or row.source, f"{name}: {row.name} has a band, no source"
+    # `rlstore benchmark --help` names them all
+    suite_help = inspect.getsource(BenchmarkArgs).split("suite: tyro.conf.Positional[str]")[1]
+    suite_help = suite_help.split('"""')[1]
+    assert all(name in suite_help for name in names), suite_help
     classic = load_suite(find_suite("classic"))
     assert {(r.algo, r.env) for r in classic.rows} == {
         (a, e) for a in ("ppo", "a2c", "dqn") for e in ("CartPole-v1", "Acrobot-v1")
