@@ -796,8 +796,7 @@ class LeanRollout:
                 obs_rows[t + 1] = obs_norm(next_obs, update=True)
             if reward_scale is None:
                 rewards.append(step_rewards)
-            else:  # the raw rewards' last step is kept for the env's own array
-                raw_rewards = step_rewards
+            else:
                 flags = np.array(step_terminated), np.array(step_truncated)
                 rewards.append(reward_scale(np.array(step_rewards), *flags))
             terminations.append(step_terminated)
@@ -820,9 +819,8 @@ class LeanRollout:
         stats.returns[:], stats.lengths[:], stats.prev_done = returns, lengths, np.array(ended)
         if obs_norm is None:
             envs.observations[:] = obs_rows[T]
-        envs.rewards[:] = rewards[-1] if reward_scale is None else raw_rewards
-        envs.terminations[:] = terminations[-1]
-        envs.truncations[:], envs.autoreset = truncations[-1], np.array(ended)
+        envs.rewards[:], envs.terminations[:] = step_rewards, step_terminated  # the last step's
+        envs.truncations[:], envs.autoreset = step_truncated, np.array(ended)
 
 
 class LeanSyncVectorEnv(gym.vector.VectorEnv):
