@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from extras import requires_extra
 from test_frame_stacks import assert_same_as_plain
 
 from rlstore import ReplayBuffer, resolve
@@ -17,7 +18,7 @@ from rlstore.cli import main
 from rlstore.envs import make_vec_env
 from rlstore.networks import CnnActorCritic, CnnQNetwork
 
-pytest.importorskip("ale_py")
+pytestmark = requires_extra("atari", "ale_py")
 
 
 def orthogonal_gain(weight: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from extras import needs
 from tiny_runs import COMMON, SETUPS, replace
 
 import rlstore
@@ -83,9 +84,8 @@ def test_eval_bad_input(tmp_path, capsys):
             assert "rlstore[video]" in capsys.readouterr().err
 
 
+@needs("video", "moviepy", "pygame")
 def test_eval_records_a_video_when_moviepy_is_installed(tmp_path):
-    pytest.importorskip("moviepy")
-    pytest.importorskip("pygame")
     _, cfg = SETUPS["ppo"]
     run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
     assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0

@@ -4,6 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from extras import requires_extra
 from torch import nn
 from torch.distributions import Categorical, Normal
 
@@ -280,7 +281,13 @@ def general_steps(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("env_id, sign_rewards", [("CartPole-v1", False), ("LunarLander-v3", True)])
+@pytest.mark.parametrize(
+    "env_id, sign_rewards",
+    [
+        ("CartPole-v1", False),
+        pytest.param("LunarLander-v3", True, marks=requires_extra("box2d", "Box2D")),
+    ],
+)
 def test_one_env_dqn_step_is_the_loops_step(
     tmp_path, monkeypatch, general_steps, env_id, sign_rewards
 ):
@@ -289,9 +296,6 @@ def test_one_env_dqn_step_is_the_loops_step(
     with episodes ended by termination and by the time limit (and learnt by sign)."""
     from rlstore.algos import dqn
     from rlstore.config import DQNConfig
-
-    if env_id == "LunarLander-v3":  # rewards of every size: learnt by their sign
-        pytest.importorskip("Box2D", reason="needs rlstore[box2d]")
 
     def train(fast: bool):
         if not fast:

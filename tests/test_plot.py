@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from extras import needs
 from torch.utils.tensorboard import SummaryWriter
 
 from rlstore.cli import main
@@ -61,8 +62,8 @@ def test_smoothing_is_a_trailing_moving_average():
         np.testing.assert_allclose(smooth(values, window), naive, rtol=1e-12, atol=1e-12)
 
 
+@needs("plot", "matplotlib")
 def test_png_is_drawn_headless_and_is_not_blank(runs, tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
     monkeypatch.delenv("DISPLAY", raising=False)
     png = tmp_path / "curves.png"
     assert main(["plot", str(runs / "*"), "--out", str(png), "--smooth", "2"]) == 0

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from extras import needs
 
 from rlstore.cli import main
 
@@ -54,9 +55,8 @@ def check_best_reproduces(out: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@needs("sweep", "ray", "optuna")
 def test_local_sweep_exports_a_best_config_that_reproduces_and_continues(tmp_path):
-    pytest.importorskip("ray")
-    pytest.importorskip("optuna")
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC)
     out = tmp_path / "local"
@@ -81,10 +81,10 @@ def test_local_sweep_exports_a_best_config_that_reproduces_and_continues(tmp_pat
 
 
 @pytest.mark.slow
+@needs("sweep", "ray", "optuna")
 def test_an_interrupted_sweep_continues(tmp_path):
     """Ctrl-C once a trial has finished a run: exit 130, nothing exported; the same command
     then continues the search (the finished runs are read back, not run again)."""
-    pytest.importorskip("ray")
     spec = tmp_path / "spec.toml"
     spec.write_text(
         SPEC.replace("steps = 4096", "steps = 40000").replace("trials = 3", "trials = 4")
@@ -111,8 +111,8 @@ def test_an_interrupted_sweep_continues(tmp_path):
 
 
 @pytest.mark.slow
+@needs("sweep", "ray", "optuna")
 def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
-    pytest.importorskip("ray")
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, whatever is on PATH
     from test_benchmark import free_port
 
@@ -183,8 +183,8 @@ def test_bad_specs_are_one_line(tmp_path, capsys, edit, message):
     assert not out.exists()
 
 
+@needs("sweep", "ray")
 def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
-    pytest.importorskip("ray")
     from test_benchmark import free_port
 
     spec = tmp_path / "spec.toml"
