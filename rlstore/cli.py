@@ -70,12 +70,14 @@ class EvalArgs:
     """The run directory, runs/{env}__{algo}__{seed}__{time}."""
     episodes: int = 10
     """Number of evaluation episodes."""
-    deterministic: bool = False
-    """Act with the policy's mode (argmax or Gaussian mean) instead of sampling."""
+    stochastic: bool = False
+    """Sample actions from the policy instead of taking its mode (argmax or Gaussian mean);
+    the default is deterministic, as SB3 and RL Zoo evaluate. DQN is always greedy."""
     video: bool = False
     """Record the first episode to {run_dir}/videos (needs moviepy: rlstore[video])."""
     checkpoint: str | None = None
-    """Evaluate this checkpoint file instead of the final model."""
+    """Evaluate this checkpoint file (a path, or one relative to the run directory such as
+    checkpoints/step_000000100000.pt) instead of the final model.pt."""
 
 
 @dataclass
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             parsed = parse_args(EvalArgs, rest, "rlstore eval")
             from rlstore.evaluate import evaluate
 
-            evaluate(parsed.run_dir, parsed.episodes, parsed.deterministic, parsed.video,
+            evaluate(parsed.run_dir, parsed.episodes, not parsed.stochastic, parsed.video,
                      parsed.checkpoint)  # fmt: skip
             return 0
         elif command == "benchmark":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from rlstore.envs import check_env_id, make_vec_env
 from rlstore.errors import UsageError
 from rlstore.networks import CnnQNetwork, QNetwork, build_policy
 from rlstore.normalize import ObsNormalizer
+from rlstore.text import plural
 
 
 class Policy:
@@ -116,44 +118,70 @@ def load_policy(path: str | Path) -> Policy:
     return Policy(network, record["policy"], record)
 
 
+def find_model(run_dir: Path, checkpoint: str | Path | None) -> Path:
+    """The file `rlstore eval` evaluates: the run's model.pt, or `checkpoint` (a path as
+    given, relative to the run directory, or a file name in its checkpoints/). A missing
+    file is one clear UsageError."""
+    if checkpoint is None:
+        source = run_dir / "model.pt"
+        if not source.is_file():
+            newest = checkpoint_files(run_dir / "checkpoints")
+            offer = f"; evaluate its newest checkpoint with --checkpoint {newest[0]}" if newest else ""
+            raise UsageError(f"{run_dir} has no model.pt (training did not finish){offer}")
+        return source
+    given = Path(checkpoint)
+    for source in (given, run_dir / given, run_dir / "checkpoints" / given):
+        if source.is_file():
+            return source
+    if given.is_dir() or (run_dir / given).is_dir():
+        raise UsageError(f"--checkpoint {checkpoint} is a directory; give a checkpoint file")
+    newest = checkpoint_files(run_dir / "checkpoints")
+    offer = f"; the newest checkpoint is {newest[0]}" if newest else ""
+    raise UsageError(
+        f"--checkpoint {checkpoint}: that file does not exist (looked as given, in "
+        f"{run_dir} and in its checkpoints/){offer}"
+    )
+
+
 def evaluate(
     run_dir: str | Path,
     episodes: int = 10,
-    deterministic: bool = False,
+    deterministic: bool = True,
     video: bool = False,
     checkpoint: str | Path | None = None,
     seed: int | None = None,
 ) -> dict[str, Any]:
-    """Roll out the run's policy for `episodes` episodes; write eval.json and eval scalars."""
+    """Roll out the run's policy for `episodes` episodes, with the policy's mode
+    (deterministic, as SB3 and RL Zoo evaluate) or sampling. Adds the result to eval.json
+    (one entry per model file and mode) and logs the eval scalars."""
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise UsageError(f"{run_dir} does not exist; give a run directory such as runs/<dir>")
     if not (run_dir / "config.json").is_file():
         raise UsageError(f"{run_dir} is not a run directory (it has no config.json)")
     if episodes < 1:
         raise UsageError(f"--episodes must be at least 1 (got {episodes})")
-    source = Path(checkpoint) if checkpoint else run_dir / "model.pt"
-    if not source.is_file():
-        newest = checkpoint_files(run_dir / "checkpoints")
-        offer = f"; evaluate the newest checkpoint with --checkpoint {newest[0]}" if newest else ""
-        raise UsageError(f"{run_dir} has no final model (training did not finish){offer}")
+    source = find_model(run_dir, checkpoint)
     policy = load_policy(source)
     cfg = policy.config
+    how = "greedy" if policy.greedy else "deterministic" if deterministic else "stochastic"
+    what = {
+        "greedy": "greedy on its Q-values",
+        "deterministic": "deterministic: the policy's mode; --stochastic samples",
+        "stochastic": "stochastic: actions sampled from the policy",
+    }[how]
+    print(
+        f"rlstore eval: {policy.algo} on {policy.env_id}, {source}, "
+        f"{plural(episodes, 'episode')}, {what}"
+    )
     env_kwargs = {}
     if cfg.get("max_episode_steps"):
         env_kwargs["max_episode_steps"] = cfg["max_episode_steps"]
     if video and is_atari(check_env_id(policy.env_id)):
         raise UsageError("--video does not support Atari envs yet; evaluate without --video")
+    video_file = None
     if video:
-        try:
-            import moviepy  # noqa: F401  (RecordVideo's writer)
-        except ImportError:
-            raise UsageError(
-                "--video needs moviepy: pip install 'rlstore[video]' (or pip install moviepy)"
-            ) from None
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
-        env = gym.make(policy.env_id, render_mode="rgb_array", **env_kwargs)
-        env = gym.wrappers.RecordVideo(
-            env, str(run_dir / "videos"), episode_trigger=lambda e: e == 0, disable_logger=True
-        )
+        env, video_file = _video_env(policy.env_id, run_dir / "videos", f"{source.stem}-{how}", env_kwargs)
     elif is_atari(check_env_id(policy.env_id)):  # the training preprocessing, one env
         env = OneEnv(make_vec_env(policy.env_id, 1, 0, max_episode_steps=cfg.get(
             "max_episode_steps"), sticky_actions=cfg.get("sticky_actions", False)))  # fmt: skip
@@ -173,9 +201,10 @@ def evaluate(
         lengths.append(length)
     env.close()
     result = {
+        "model": _relative(source, run_dir),
+        "mode": how,
+        "deterministic": how != "stochastic",
         "episodes": episodes,
-        "deterministic": deterministic or policy.greedy,
-        "model": str(source),
         "global_step": policy.global_step,
         "mean_return": float(np.mean(returns)),
         "std_return": float(np.std(returns)),
@@ -184,18 +213,68 @@ def evaluate(
         "returns": returns,
         "lengths": lengths,
     }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_eval_record(run_dir / "eval.json", result)
     if cfg.get("track_tensorboard", True):
         from torch.utils.tensorboard import SummaryWriter
 
         with SummaryWriter(str(run_dir)) as writer:
             writer.add_scalar("eval/episodic_return", result["mean_return"], policy.global_step)
             writer.add_scalar("eval/episodic_length", result["mean_length"], policy.global_step)
-    how = "greedy" if policy.greedy else "deterministic" if deterministic else "stochastic"
     print(
-        f"eval {policy.algo} {policy.env_id} ({episodes} episodes, {how}): "
+        f"eval {policy.algo} {policy.env_id} ({plural(episodes, 'episode')}, {how}): "
         f"return {result['mean_return']:.1f} +- {result['std_return']:.1f}, "
         f"length {result['mean_length']:.1f} +- {result['std_length']:.1f}"
-        + (f"; video in {run_dir / 'videos'}" if video else "")
+        + (f"; video {video_file}" if video_file else "")
     )
     return result
+
+
+def _relative(path: Path, run_dir: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def write_eval_record(path: Path, result: dict[str, Any]) -> None:
+    """eval.json: {"evaluations": [...]}, one entry per (model file, mode); a new result
+    replaces the entry of its own setting and keeps the others."""
+    entries = []
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            old = {}
+        entries = old.get("evaluations", [old] if "mean_return" in old else [])
+    key = (result["model"], result["mode"])
+    entries = [e for e in entries if (e.get("model"), e.get("mode")) != key] + [result]
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"evaluations": entries}, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _video_env(
+    env_id: str, folder: Path, prefix: str, env_kwargs: dict[str, Any]
+) -> tuple[gym.Env, Path]:
+    """One env recording its first episode to folder/prefix[-N]-episode-0.mp4, never over an
+    earlier video, and that file."""
+    try:
+        import moviepy  # noqa: F401  (RecordVideo's writer)
+    except ImportError:
+        raise UsageError(
+            '--video needs moviepy: pip install "rlstore[video]" (in a clone: '
+            'pip install -e ".[video]")'
+        ) from None
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display
+    name, n = prefix, 1
+    while (folder / f"{name}-episode-0.mp4").exists():
+        name, n = f"{prefix}-{n}", n + 1
+    env = gym.make(env_id, render_mode="rgb_array", **env_kwargs)
+    with warnings.catch_warnings():  # "overwriting existing videos": the name is new
+        warnings.simplefilter("ignore")
+        env = gym.wrappers.RecordVideo(
+            env, str(folder), episode_trigger=lambda e: e == 0, name_prefix=name,
+            disable_logger=True,
+        )  # fmt: skip
+    return env, folder / f"{name}-episode-0.mp4"

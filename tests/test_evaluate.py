@@ -20,13 +20,16 @@ def test_eval_and_load_policy(tmp_path, capsys):
     _, cfg = SETUPS["ppo"]
     run_dir = ppo.train(replace(cfg, logdir=str(tmp_path), track_tensorboard=True)).run_dir
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--episodes", "3", "--deterministic"]) == 0
-    out = capsys.readouterr().out
-    assert "eval ppo CartPole-v1 (3 episodes, deterministic): return" in out and "+-" in out
-    result = json.loads((run_dir / "eval.json").read_text())
+    assert main(["eval", str(run_dir), "--episodes", "3"]) == 0
+    first, *_, last = capsys.readouterr().out.splitlines()
+    assert "3 episodes, deterministic: the policy's mode; --stochastic samples" in first
+    assert "eval ppo CartPole-v1 (3 episodes, deterministic): return" in last and "+-" in last
+    [result] = json.loads((run_dir / "eval.json").read_text())["evaluations"]
     assert len(result["returns"]) == 3 and result["mean_return"] == np.mean(result["returns"])
     assert all(length <= 60 for length in result["lengths"])  # the run's own time limit
     policy = rlstore.load_policy(run_dir)
+    seed, limit = policy.config["seed"] + 10_000, policy.config["max_episode_steps"]
+    assert result["returns"] == rollout_returns(policy, seed, 3, max_episode_steps=limit)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     actions = policy(obs)
     assert actions.shape == (5,) and set(actions.tolist()) <= {0, 1}
@@ -42,6 +45,40 @@ def test_eval_and_load_policy(tmp_path, capsys):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     assert "eval/episodic_return" in events.Tags()["scalars"]
+
+
+def rollout_returns(policy, seed: int, episodes: int, **env_kwargs) -> list[float]:
+    """The oracle: the policy's mode, one episode per seed from `seed` on."""
+    import gymnasium as gym
+
+    env, returns = gym.make(policy.env_id, **env_kwargs), []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy(obs, deterministic=True))
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    return returns
+
+
+def test_eval_json_keeps_one_entry_per_model_and_mode(tmp_path, capsys):
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    newest = checkpoint_files(run_dir / "checkpoints")[0]
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    assert main(["eval", str(run_dir), "--episodes", "2", "--stochastic"]) == 0
+    assert "stochastic: actions sampled from the policy" in capsys.readouterr().out
+    relative = str(newest.relative_to(run_dir))  # a path relative to the run directory
+    assert main(["eval", str(run_dir), "--episodes", "1", "--checkpoint", relative]) == 0
+    assert main(["eval", str(run_dir), "--episodes", "3"]) == 0  # replaces the first entry
+    entries = json.loads((run_dir / "eval.json").read_text())["evaluations"]
+    settings = [(e["model"], e["mode"], e["episodes"]) for e in entries]
+    assert settings == [
+        ("model.pt", "stochastic", 2),
+        (relative, "deterministic", 1),
+        ("model.pt", "deterministic", 3),
+    ]
 
 
 def test_eval_dqn_and_continuous_policies(tmp_path, capsys):
@@ -73,9 +110,17 @@ def test_eval_bad_input(tmp_path, capsys):
     (run_dir / "model.pt").unlink()
     assert main(["eval", str(run_dir)]) == 2
     err = capsys.readouterr().err
-    assert "has no final model" in err and "--checkpoint" in err and err.count("\n") == 1
+    assert "has no model.pt" in err and "--checkpoint" in err and err.count("\n") == 1
     newest = checkpoint_files(run_dir / "checkpoints")[0]
     assert main(["eval", str(run_dir), "--checkpoint", str(newest), "--episodes", "1"]) == 0
+    assert main(["eval", str(run_dir), "--checkpoint", newest.name, "--episodes", "1"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--checkpoint", "checkpoints/step_9.pt"]) == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint checkpoints/step_9.pt: that file does not exist" in err
+    assert str(newest) in err and err.count("\n") == 1
+    assert main(["eval", str(tmp_path / "no-such-run")]) == 2
+    assert "no-such-run does not exist" in capsys.readouterr().err
     if shutil.which("ffmpeg") is None:
         try:
             import moviepy  # noqa: F401
@@ -89,4 +134,6 @@ def test_eval_records_a_video_when_moviepy_is_installed(tmp_path):
     _, cfg = SETUPS["ppo"]
     run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
     assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0
-    assert list((run_dir / "videos").glob("*.mp4"))
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0  # a second file
+    names = sorted(p.name for p in (run_dir / "videos").glob("*.mp4"))
+    assert names == ["model-deterministic-1-episode-0.mp4", "model-deterministic-episode-0.mp4"]
