@@ -126,7 +126,7 @@ def find_model(run_dir: Path, checkpoint: str | Path | None) -> Path:
         source = run_dir / "model.pt"
         if not source.is_file():
             newest = checkpoint_files(run_dir / "checkpoints")
-            offer = f"; evaluate its newest checkpoint with --checkpoint {newest[0]}" if newest else ""
+            offer = f"; evaluate its newest checkpoint: --checkpoint {newest[0]}" if newest else ""
             raise UsageError(f"{run_dir} has no model.pt (training did not finish){offer}")
         return source
     given = Path(checkpoint)
@@ -181,7 +181,8 @@ def evaluate(
         raise UsageError("--video does not support Atari envs yet; evaluate without --video")
     video_file = None
     if video:
-        env, video_file = _video_env(policy.env_id, run_dir / "videos", f"{source.stem}-{how}", env_kwargs)
+        prefix = f"{source.stem}-{how}"
+        env, video_file = _video_env(policy.env_id, run_dir / "videos", prefix, env_kwargs)
     elif is_atari(check_env_id(policy.env_id)):  # the training preprocessing, one env
         env = OneEnv(make_vec_env(policy.env_id, 1, 0, max_episode_steps=cfg.get(
             "max_episode_steps"), sticky_actions=cfg.get("sticky_actions", False)))  # fmt: skip
