@@ -25,6 +25,7 @@ import tyro
 from rlstore import __version__
 from rlstore.config import CONFIG_CLASSES, apply_overrides, read_config, resolve
 from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.executor import finished_steps
 
 USAGE = """\
 usage: rlstore {train,resume,eval,benchmark,plot,sweep} ... | rlstore --version
@@ -242,6 +243,14 @@ def main(argv: list[str] | None = None) -> int:
             algo, cfg, preset = parse_train(rest)
         elif command == "resume":
             algo, cfg, from_run = parse_resume(rest)
+            done = finished_steps(from_run)
+            if done is not None and cfg.steps_run <= done <= cfg.total_timesteps:
+                print(
+                    f"rlstore: {from_run} is finished ({done:,} steps); nothing was changed. "
+                    f"To train it further: rlstore resume {from_run} --total-timesteps N "
+                    f"(N > {done:,})"
+                )
+                return 0
             preset = None
         elif command == "eval":
             parsed = parse_args(EvalArgs, rest, "rlstore eval")

@@ -36,8 +36,9 @@ from rlstore.errors import TrainingInterrupted, UsageError
 if TYPE_CHECKING:
     from rlstore.run import Run
 
-# Fields a run directory may differ in and still be the same run.
-NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads")
+# Fields a run directory may differ in and still be the same run (a shorter run is extended
+# to a larger total_timesteps by resuming it).
+NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads", "total_timesteps")
 
 
 def check_workers(workers: int | None) -> None:
@@ -82,19 +83,18 @@ class RunSpec:
         return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
     def state(self) -> tuple[str, Path | None]:
-        """("done", dir), ("interrupted", dir) or ("new", None). A directory with neither
+        """("done", dir), ("interrupted", dir), ("extend", dir) (finished with fewer steps
+        than asked now: resuming continues it) or ("new", None). A directory with neither
         summary nor checkpoint (killed before its first checkpoint) is removed. A directory
         whose config differs from this spec's is a UsageError: the suite or sweep changed."""
         cfg, _ = self.config()
         for path in self.directories():
             check_same_config(path, self.algo, cfg)
-            summary = path / "summary.json"
-            if summary.is_file() and json.loads(summary.read_text())["global_step"] >= (
-                cfg.steps_run
-            ):
+            done = finished_steps(path)
+            if done is not None and done >= cfg.steps_run:
                 return "done", path
             if any((path / "checkpoints").glob("step_*.pt")):
-                return "interrupted", path
+                return ("interrupted" if done is None else "extend"), path
             shutil.rmtree(path)
         return "new", None
 
@@ -115,6 +115,11 @@ def check_same_config(path: Path, algo: str, cfg: CommonConfig) -> None:
     differ = sorted(
         k for k, v in wanted.items() if k not in NOT_IDENTITY and _plain(record.get(k)) != _plain(v)
     )
+    if record["total_timesteps"] > cfg.total_timesteps:
+        raise UsageError(
+            f"{path} was run to {record['total_timesteps']:,} steps, more than the "
+            f"{cfg.total_timesteps:,} asked for now; move it away or use another output directory"
+        )
     if differ:
         raise UsageError(
             f"{path} was made with other settings ({', '.join(differ[:4])}) than the run "
@@ -124,6 +129,18 @@ def check_same_config(path: Path, algo: str, cfg: CommonConfig) -> None:
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
+
+
+def finished_steps(run_dir: Path) -> int | None:
+    """The env steps of a run that finished (its summary.json) and still has its final
+    checkpoint; None when it never finished (or that checkpoint was removed: a resume then
+    continues from an earlier one)."""
+    summary = Path(run_dir) / "summary.json"
+    if not summary.is_file():
+        return None
+    steps = json.loads(summary.read_text())["global_step"]
+    final = Path(run_dir) / "checkpoints" / f"step_{steps:012d}.pt"
+    return steps if final.is_file() else None
 
 
 def read_summary(run_dir: Path) -> dict:

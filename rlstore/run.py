@@ -47,6 +47,7 @@ from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.fast import flush_denormals, skip_dynamo_import
 from rlstore.normalize import ObsNormalizer
+from rlstore.text import plural
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -510,9 +511,13 @@ class Run:
         self.progress.close()
         mean = self.recent_mean_return
         steps = self.global_step - self.start_step
+        done = f"{steps:,} steps" if not self.start_step else (
+            f"steps {self.start_step:,} -> {self.global_step:,} ({steps:,} steps)"
+        )  # fmt: skip
         print(
-            f"{self.algo} {self.cfg.env_id}: {self.global_step:,} steps in {seconds:.1f} s "
-            f"({steps / max(seconds, 1e-9):,.0f} steps/s), {len(self.episode_returns)} episodes, "
+            f"{self.algo} {self.cfg.env_id}: {done} in {seconds:.1f} s "
+            f"({steps / max(seconds, 1e-9):,.0f} steps/s), "
+            f"{plural(len(self.episode_returns), 'episode')} in all, "
             f"mean return of the last {len(self.recent_returns)}: "
             f"{'-' if mean is None else f'{mean:.1f}'}; run dir {self.dir}"
         )

@@ -25,6 +25,7 @@ import tomllib
 from rlstore.config import PRESET_DIR, validate
 from rlstore.errors import UsageError
 from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, check_workers, read_summary
+from rlstore.text import plural
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "row")
 ROW_KEYS = (
@@ -286,11 +287,12 @@ def benchmark(
     else:
         executor = RayExecutor(address, workers, gpus_per_run)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-    where = f"Ray at {address}" if address else f"{executor.workers} workers"
+    where = f"Ray at {address}" if address else plural(executor.workers, "worker")
     print(
-        f"rlstore benchmark {suite.name}: {len(specs)} runs in {out_dir}: "
+        f"rlstore benchmark {suite.name}: {plural(len(specs), 'run')} in {out_dir}: "
         f"{states.count('done')} finished, {states.count('interrupted')} to resume, "
-        f"{states.count('new')} to start; {where}",
+        + (f"{states.count('extend')} to extend, " if "extend" in states else "")
+        + f"{states.count('new')} to start; {where}",
         flush=True,
     )
     failed: list[RunSpec] = []

@@ -34,6 +34,7 @@ from rlstore.executor import (
     check_workers,
     connect_ray,
 )
+from rlstore.text import plural
 
 SPEC_KEYS = (
     "algo", "env", "steps", "seeds", "trials", "reports", "early_stop", "search_seed", "base",
@@ -259,8 +260,8 @@ def sweep(
             ),
         )
     print(
-        f"rlstore sweep: {spec.trials} trials of {spec.algo} on {spec.env}, "
-        f"{len(spec.seeds)} seeds x {spec.steps:,} steps each, into {out_dir}",
+        f"rlstore sweep: {plural(spec.trials, 'trial')} of {spec.algo} on {spec.env}, "
+        f"{plural(len(spec.seeds), 'seed')} x {spec.steps:,} steps each, into {out_dir}",
         flush=True,
     )
     results = tuner.fit()
@@ -269,7 +270,8 @@ def sweep(
         return 130
     if results.num_errors:
         first = str(results.errors[0]).strip().splitlines()[-1]
-        print(f"rlstore sweep: {results.num_errors} trials failed, the first with: {first}")
+        failed = plural(results.num_errors, "trial")
+        print(f"rlstore sweep: {failed} failed, the first with: {first}")
     trials = []
     for result in results:
         metrics = result.metrics or {}
@@ -284,7 +286,7 @@ def sweep(
     done = sorted((t for t in trials if t["finished"]), key=lambda t: -t["score"])
     (out_dir / "trials.json").write_text(json.dumps(trials, indent=1) + "\n")
     stopped = f", {len(trials) - len(done)} stopped early" if len(done) < len(trials) else ""
-    print(f"rlstore sweep: {len(done)} of {len(trials)} trials finished{stopped}")
+    print(f"rlstore sweep: {len(done)} of {plural(len(trials), 'trial')} finished{stopped}")
     if not done:
         print("rlstore sweep: no trial finished; nothing to export")
         return 1

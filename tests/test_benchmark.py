@@ -126,6 +126,33 @@ def test_results_table_equals_the_same_runs_made_by_hand(tiny, tmp_path, capsys)
     assert "BELOW" in table and "a test" in table
 
 
+def test_a_larger_budget_extends_finished_runs_and_a_smaller_one_is_refused(tmp_path, capsys):
+    """Finished runs asked for more steps resume to the new total: the same run directory,
+    its episodes so far unchanged. Fewer steps than a run made: one line, nothing touched."""
+    suite = tmp_path / "s.toml"
+    text = 'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
+    suite.write_text(text)
+    out = tmp_path / "out"
+    args = ["benchmark", str(suite), "--out", str(out), "--no-plot", "--workers", "1"]
+    assert main(args) == 0
+    (run_dir,) = (out / "runs").iterdir()
+    short = json.loads((run_dir / "summary.json").read_text())
+    suite.write_text(text.replace("2048", "4096"))
+    assert main(args) == 0
+    assert "0 to resume, 1 to extend, 0 to start" in capsys.readouterr().out
+    assert list((out / "runs").iterdir()) == [run_dir]
+    long = json.loads((run_dir / "summary.json").read_text())
+    assert long["global_step"] == 4096
+    done = len(short["episodes"]["returns"])
+    assert long["episodes"]["returns"][:done] == short["episodes"]["returns"]
+    assert len(long["episodes"]["returns"]) > done
+    suite.write_text(text.replace("2048", "1024"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "was run to 4,096 steps, more than the 1,024 asked for now" in err
+    assert json.loads((run_dir / "summary.json").read_text()) == long
+
+
 @pytest.mark.slow
 def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     """SIGINT mid-run: the run checkpoints, the suite exits 130; started again, it resumes

@@ -227,3 +227,25 @@ def test_sigint_and_sigterm_write_a_checkpoint_and_exit_130_143(tmp_path):
         (run_dir,) = logdir.iterdir()
         assert len(checkpoint_files(run_dir / "checkpoints")) == 1
         assert f"continue with: rlstore resume {run_dir}\n" in err
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path), track_tensorboard=True)).run_dir
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["resume", str(run_dir), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir} is finished (2,048 steps); nothing was changed" in out
+    assert f"rlstore resume {run_dir} --total-timesteps N" in out
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before  # no file written, none added (no new event file)
+
+
+def test_a_resumed_run_summarizes_this_process(tmp_path, capsys):
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    capsys.readouterr()
+    assert main(["resume", str(run_dir), "--total-timesteps", "3072", "--no-progress"]) == 0
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.startswith("ppo CartPole-v1: steps 2,048 -> 3,072 (1,024 steps) in ")
