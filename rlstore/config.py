@@ -386,6 +386,14 @@ def resolve(
     return dataclasses.replace(cfg, config=str(config_file) if config_file else None), preset
 
 
+def shipped_budget(algo: str, cfg: CommonConfig) -> int:
+    """total_timesteps of the defaults and presets rlstore ships for this run (a packaged
+    --config preset included), as opposed to a budget the user asked for."""
+    packaged = cfg.config and Path(cfg.config).resolve().parent.parent == PRESET_DIR.resolve()
+    overrides = {"config": cfg.config} if packaged else None
+    return resolve(algo, cfg.env_id, overrides)[0].total_timesteps
+
+
 def find_config_file(value: str, algo: str, env_id: str) -> Path:
     """A --config value: a file, or the name of a packaged preset
     (configs/<algo>/<env id>.<name>.toml), so that `--config fast` works from any directory."""

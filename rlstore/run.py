@@ -42,12 +42,12 @@ from rlstore.checkpoint import (
     write_policy,
     write_summary,
 )
-from rlstore.config import CommonConfig, validate
+from rlstore.config import CommonConfig, shipped_budget, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.fast import flush_denormals, skip_dynamo_import
 from rlstore.normalize import ObsNormalizer
-from rlstore.text import plural
+from rlstore.text import plural, size
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -73,6 +73,32 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+def available_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on `device` (host: Linux's MemAvailable; CUDA: the
+    driver's free memory), or None where the system does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
+    """A UsageError, before anything is allocated, when `needed` (bytes per device) does
+    not fit in what each device has available."""
+    for device, nbytes in needed.items():
+        free = available_memory(device)
+        if free is not None and nbytes > free:
+            where = "host" if device.type == "cpu" else str(device)
+            raise UsageError(
+                f"{what} needs {size(nbytes)} of {where} memory, but only {size(free)} is "
+                f"available; {fix}"
+            )
+
+
 def check_writable_dir(path: Path) -> None:
     """A UsageError unless `path` is, or can be made, a directory this process can write
     to. Creates nothing: the nearest existing ancestor is probed with a temporary file."""
@@ -89,6 +115,29 @@ def check_writable_dir(path: Path) -> None:
             f"--logdir {path}: cannot write in {existing} ({e.strerror}); "
             "give a directory you can write to"
         ) from None
+
+
+LONG_BUDGET = 1_000_000  # a run of the shipped budget this long says so at its start
+
+
+def budget_notes(algo: str, cfg: CommonConfig, preset: Path | None) -> list[str]:
+    """What a run says of its budget at its start: that a budget the user gave is rounded
+    to whole iterations, or that a long one is the published budget and can be shortened."""
+    shipped = shipped_budget(algo, cfg)
+    if cfg.total_timesteps != shipped:  # the user's own
+        if cfg.steps_run == cfg.total_timesteps:
+            return []
+        return [
+            f"--total-timesteps {cfg.total_timesteps:,} is not a whole number of iterations "
+            f"of {cfg.iteration_steps:,} env steps; the run takes {cfg.steps_run:,}"
+        ]
+    if shipped < LONG_BUDGET:
+        return []
+    source = preset.name if preset else "the defaults"
+    return [
+        f"{shipped:,} env steps, the published budget ({source}); for a shorter run give "
+        "--total-timesteps N"
+    ]
 
 
 def seed_everything(seed: int) -> None:
@@ -108,6 +157,16 @@ def new_run_dir(logdir: str, env_id: str, name: str, seed: int) -> Path:
         path, n = Path(f"{base}_{n}"), n + 1
     path.mkdir(parents=True)
     return path
+
+
+def duration(seconds: float) -> str:
+    """'42s', '12m05s', '3h07m': a time left, as a progress bar shows it."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class Progress:
@@ -132,11 +191,11 @@ class Progress:
         sps = (step - self.start_step) / elapsed
         frac = min(step / self.total, 1.0)
         ret = "-" if recent_return is None else f"{recent_return:.1f}"
-        eta = (self.total - step) / sps if sps > 0 else 0.0
+        eta = duration((self.total - step) / sps) if sps > 0 else "-"
         bar = "#" * int(frac * 20)
         line = (
             f"{self.label} [{bar:<20}] {step:,}/{self.total:,} {frac:4.0%} "
-            f"{sps:,.0f} steps/s  return {ret}  eta {eta:.0f}s"
+            f"{sps:,.0f} steps/s  return {ret}  eta {eta}"
         )
         if self.tty:
             sys.stderr.write("\r" + line + "\x1b[K")
@@ -305,12 +364,8 @@ class Run:
                 f"rlstore: {self.algo} on {cfg.env_id}, preset: {self.preset or 'none'}, "
                 f"config file: {cfg.config or 'none'}; run directory {self.dir}"
             )
-            if cfg.steps_run != cfg.total_timesteps:
-                print(
-                    f"rlstore: --total-timesteps {cfg.total_timesteps:,} is not a whole number "
-                    f"of iterations of {cfg.iteration_steps:,} env steps; the run takes "
-                    f"{cfg.steps_run:,}"
-                )
+            for note in budget_notes(self.algo, cfg, self.preset):
+                print(f"rlstore: {note}")
         label = f"{self.algo} {cfg.env_id}"
         self.progress = Progress(cfg.steps_run, label, cfg.progress, self.global_step)
         self.start_time = time.perf_counter()

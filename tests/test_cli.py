@@ -243,3 +243,50 @@ def test_box2d_presets_name_their_source():
     assert "RL Baselines3 Zoo" in text and "values are rlstore's" in text
     cfg, _ = config.resolve("dqn", "LunarLander-v3")
     assert cfg.q_hidden == (256, 256) and cfg.loss == "huber"
+
+
+def test_budget_notes_say_only_what_the_user_asked_for(monkeypatch):
+    from rlstore import run
+
+    def notes(algo, env_id, **flags):
+        cfg, preset = config.resolve(algo, env_id, flags)
+        return run.budget_notes(algo, cfg, preset)
+
+    assert notes("ppo", "CartPole-v1") == []  # 500,000 is not whole rollouts, but the default
+    assert notes("ppo", "CartPole-v1", config="fast") == []  # nor the shipped fast preset
+    [rounded] = notes("ppo", "CartPole-v1", total_timesteps=3000)
+    assert rounded == (
+        "--total-timesteps 3,000 is not a whole number of iterations of 512 env steps; "
+        "the run takes 2,560"
+    )
+    [long] = notes("ppo", "HalfCheetah-v4")
+    assert long.startswith("1,000,000 env steps, the published budget (mujoco.toml)")
+    assert "--total-timesteps N" in long
+    assert notes("ppo", "HalfCheetah-v4", total_timesteps=102_400) == []
+    monkeypatch.setattr(run, "LONG_BUDGET", 100_000)
+    assert "the published budget (the defaults)" in notes("ppo", "CartPole-v1")[0]
+
+
+def test_progress_shows_the_time_left(monkeypatch, capsys):
+    from rlstore import run
+
+    assert [run.duration(s) for s in (4.4, 59.6, 725, 11_220)] == ["4s", "1m00s", "12m05s", "3h07m"]
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))
+    progress = run.Progress(10_000_000, "ppo ALE/Pong-v5")
+    progress.update(10_000, None, force=True)  # 1,000 steps/s: 9,990,000 steps to go
+    assert "eta 2h46m" in capsys.readouterr().err
+
+
+def test_a_replay_buffer_that_does_not_fit_is_refused_before_anything_is_made(
+    monkeypatch, logdir, capsys
+):
+    from rlstore import run
+
+    monkeypatch.setattr(run, "available_memory", lambda device: 10 * 2**20)
+    args = ["train", "dqn", "--buffer-size", "1000000", "--logdir", logdir]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--buffer-size 1,000,000 (" in err
+    assert "bytes per transition) needs 30.5 MiB of host memory, but only 10.0 MiB" in err
+    assert not Path(logdir).exists()

@@ -481,3 +481,25 @@ def test_bad_arguments():
         )
     with pytest.raises(ValueError, match="empty buffer"):
         buffer.sample(1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(capacity=1000, num_envs=1, obs_shape=(4,)),
+        dict(capacity=999, num_envs=4, obs_shape=(3, 2), obs_dtype=np.float64, prioritized=True),
+        dict(capacity=500, num_envs=2, obs_shape=(2,), action_shape=(3,), action_dtype=np.float32),
+        dict(capacity=5000, num_envs=3, obs_shape=(4, 8, 8), obs_dtype=np.uint8, frame_stack=4),
+        dict(capacity=64, num_envs=1, obs_shape=(2, 5, 5), obs_dtype=np.uint8, frame_stack=2,
+             prioritized=True),
+    ],
+)  # fmt: skip
+def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
+    buffer = ReplayBuffer(**kwargs)
+    obs = buffer.frames if buffer.frame_stack else buffer.obs
+    host = [buffer.actions, buffer.rewards, buffer.terminated, buffer.truncated, buffer.valid,
+            buffer.bridge]  # fmt: skip
+    if buffer.frame_stack:
+        host += [buffer.depth, buffer.start_slot, buffer.start_owner, buffer.lost]
+    host_bytes = sum(t.nbytes for t in host) + (buffer.tree.nodes.nbytes if buffer.tree else 0)
+    assert ReplayBuffer.memory_bytes(**kwargs) == (obs.nbytes, host_bytes)

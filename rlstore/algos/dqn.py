@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -23,7 +24,7 @@ from rlstore.config import DQNConfig
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.fast import GreedyActor, HostDQNStep, OneEnvDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
-from rlstore.run import Run, TrainingState, TrainResult, resolve_device
+from rlstore.run import Run, TrainingState, TrainResult, check_memory, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 
@@ -122,6 +123,24 @@ def crossings(before: int, after: int, every: int) -> int:
     return after // every - before // every
 
 
+def check_buffer_fits(
+    cfg: DQNConfig, obs_space: gym.Space, device: torch.device, frames: bool
+) -> None:
+    """Refuse a replay buffer larger than the memory left, before it is allocated."""
+    obs_bytes, host_bytes = ReplayBuffer.memory_bytes(
+        cfg.buffer_size, cfg.num_envs, obs_space.shape, obs_space.dtype,
+        prioritized=cfg.prioritized, frame_stack=obs_space.shape[0] if frames else 0,
+    )  # fmt: skip
+    needed = {torch.device("cpu"): host_bytes}
+    needed[device] = needed.get(device, 0) + obs_bytes
+    per = (obs_bytes + host_bytes) / cfg.buffer_size
+    check_memory(
+        needed,
+        f"--buffer-size {cfg.buffer_size:,} ({per:,.0f} bytes per transition)",
+        "lower --buffer-size" + (", or --buffer-device cpu" if device.type == "cuda" else ""),
+    )
+
+
 def train(
     cfg: DQNConfig,
     preset: Path | None = None,
@@ -151,6 +170,7 @@ def train(
         greedy_actions = GreedyActor(q_network.advantage_path)
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
+    check_buffer_fits(cfg, obs_space, buffer_device, frames)
     buffer = ReplayBuffer(
         cfg.buffer_size,
         cfg.num_envs,

@@ -77,6 +77,14 @@ class ReplayBatch(NamedTuple):
     indices: torch.Tensor
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _itemsize(dtype: torch.dtype | np.dtype | type) -> int:
+    return _torch_dtype(dtype).itemsize
+
+
 class SumTree:
     """A binary sum tree over `size` leaves (float64 numpy), with vectorized update and search."""
 
@@ -152,6 +160,35 @@ class ReplayBuffer:
             if buffer.ready(128):
                 batch = buffer.sample(128)
     """
+
+    @staticmethod
+    def memory_bytes(
+        capacity: int,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: torch.dtype | np.dtype | type = torch.float32,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: torch.dtype | np.dtype | type = torch.int64,
+        prioritized: bool = False,
+        frame_stack: int = 0,
+    ) -> tuple[int, int]:
+        """(observation bytes, on the buffer's device; other bytes, in host memory) that a
+        buffer of these arguments allocates, so that a caller can refuse one that will not
+        fit before it is made (the tests compare this with real buffers)."""
+        rows = -(-capacity // num_envs) + 1
+        slots = rows * num_envs
+        if frame_stack:
+            start_capacity = max(64 * num_envs, slots // 32)
+            frames = slots + start_capacity * (frame_stack - 1)
+            obs = frames * _numel(obs_shape[1:]) * _itemsize(obs_dtype)
+            host = slots * (1 + 4 + 1) + start_capacity * 2 * 8  # depth, start_slot, lost; owner
+        else:
+            obs, host = slots * _numel(obs_shape) * _itemsize(obs_dtype), 0
+        action = _numel(action_shape) * _itemsize(action_dtype)
+        host += slots * (action + 4 + 4)  # action, float32 reward, four bool flags
+        if prioritized:
+            host += 2 * (1 << max(slots - 1, 0).bit_length()) * 8  # the sum tree's float64 nodes
+        return obs, host
 
     def __init__(
         self,
