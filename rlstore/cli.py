@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import io
 import json
@@ -18,12 +19,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
 from rlstore import __version__
-from rlstore.config import CONFIG_CLASSES, apply_overrides, read_config, resolve
+from rlstore.config import CONFIG_CLASSES, apply_overrides, flag, read_config, resolve
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.executor import finished_steps
 
@@ -50,7 +51,7 @@ Run `rlstore train ppo --help` for every option. Monitor with `tensorboard --log
 class ResumeArgs:
     """Continue a run from its newest valid checkpoint, in the same run directory."""
 
-    run_dir: tyro.conf.Positional[str]
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """The run directory, runs/{env}__{algo}__{seed}__{time}."""
     total_timesteps: int | None = None
     """Train to this many env steps instead of the run's own total (extends schedules)."""
@@ -67,7 +68,7 @@ class ResumeArgs:
 class EvalArgs:
     """Roll out a run's trained policy; print mean +- std, write eval.json."""
 
-    run_dir: tyro.conf.Positional[str]
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
     """The run directory, runs/{env}__{algo}__{seed}__{time}."""
     episodes: int = 10
     """Number of evaluation episodes."""
@@ -87,7 +88,7 @@ class BenchmarkArgs:
     write the results table (results.md, results.json) and curves.png. Exit status 1 when a
     row falls below its reference band."""
 
-    suite: tyro.conf.Positional[str]
+    suite: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SUITE")]
     """A suite TOML file, or the name of a shipped one (configs/suites/: classic, box2d,
     mujoco, atari-short, atari-breakout, atari-10m)."""
     out: str | None = None
@@ -107,18 +108,21 @@ class BenchmarkArgs:
 @dataclass
 class PlotArgs:
     """Learning curves from runs' TensorBoard event files: mean and a +- std band across the
-    seeds of each env and run name, against env steps."""
+    seeds of each experiment (runs of the same algorithm, env, run name and config apart
+    from the seed), against env steps. Prints what it grouped."""
 
-    paths: tyro.conf.Positional[tuple[str, ...]]
-    """Run directories, directories holding runs, or globs."""
-    out: str | None = "curves.png"
-    """The PNG to write (needs rlstore[plot]); --out None writes none."""
+    paths: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR...")]
+    """Run directories, directories holding runs (runs/), or globs."""
+    out: str = "curves.png"
+    """The PNG to write (needs rlstore[plot])."""
+    png: bool = True
+    """Draw the PNG; --no-png with --csv writes only the numbers."""
     csv: str | None = None
-    """Also write the curves (env, name, runs, step, mean, std) to this CSV file."""
+    """Also write the curves (env, name, group, runs, step, mean, std) to this CSV file."""
     tag: str = "charts/episodic_return"
-    """The scalar to plot."""
-    smooth: int = 1
-    """Trailing moving-average window, in logged points, applied to each run."""
+    """The scalar to plot (eval/episodic_return, losses/value_loss, ...)."""
+    smooth: int = 10
+    """Trailing moving-average window, in logged points, applied to each run (1: none)."""
     points: int = 200
     """Grid points per curve."""
 
@@ -129,7 +133,7 @@ class SweepArgs:
     each trial's score is the mean over its seeds. Writes best.toml, which
     `rlstore train ALGO --config best.toml --seed N` reproduces exactly."""
 
-    spec: tyro.conf.Positional[str]
+    spec: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SPEC")]
     """The sweep spec (TOML); docs/sweeps.md gives the format."""
     out: str | None = None
     """Output directory; default sweeps/{spec file name}. Run again to continue."""
@@ -185,7 +189,28 @@ def parse_args(cls: type, args: list[str], prog: str, **kwargs: Any) -> Any:
     except SystemExit as e:
         if not e.code:  # --help
             raise
-        raise UsageError(f"{_box_message(captured.getvalue())}; see `{prog} --help`") from None
+        message = _unknown_flags(cls, args) or _box_message(captured.getvalue())
+        raise UsageError(f"{message}; see `{prog} --help`") from None
+
+
+def _unknown_flags(cls: type, args: list[str]) -> str | None:
+    """'unknown option --total-timestep (did you mean --total-timesteps?)' for the flags in
+    args that `cls` does not have, or None when every flag is known."""
+    known = {"--help", "-h"}
+    for f in dataclasses.fields(cls):
+        name = flag(f.name)
+        known |= {name, "--no-" + name[2:]}
+    if "env_id" in {f.name for f in dataclasses.fields(cls)}:
+        known |= {"--env", "--env-id"}
+    unknown = [a.split("=")[0] for a in args if a.startswith("--")]
+    unknown = [a for a in unknown if a not in known]
+    if not unknown:
+        return None
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.7)
+        parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return f"unknown option{'s' if len(parts) > 1 else ''} {', '.join(parts)}"
 
 
 def _box_message(text: str) -> str:
@@ -201,7 +226,7 @@ def _box_message(text: str) -> str:
         elif inner:
             lines.append(inner)
     message = " ".join(lines) or title
-    return message.split(". Got errors:")[0]  # (a union's per-type attempts)
+    return message.split(". Got errors:")[0].rstrip(".")  # (a union's per-type attempts)
 
 
 def parse_resume(args: list[str]):
@@ -267,11 +292,15 @@ def main(argv: list[str] | None = None) -> int:
                              parsed.gpus_per_run, parsed.plot)  # fmt: skip
         elif command == "plot":
             parsed = parse_args(PlotArgs, rest, "rlstore plot")
-            from rlstore.plot import plot
+            from rlstore.plot import describe, plot
 
-            plot(list(parsed.paths), parsed.out, parsed.csv, parsed.tag, parsed.smooth,
-                 parsed.points)  # fmt: skip
-            print(f"rlstore plot: {', '.join(filter(None, (parsed.out, parsed.csv)))}")
+            png = parsed.out if parsed.png else None
+            if png is None and parsed.csv is None:
+                raise UsageError("--no-png without --csv writes nothing; give --csv FILE")
+            for group in plot(list(parsed.paths), png, parsed.csv, parsed.tag, parsed.smooth,
+                              parsed.points):  # fmt: skip
+                print(f"rlstore plot: {describe(group)}")
+            print(f"rlstore plot: wrote {', '.join(filter(None, (png, parsed.csv)))}")
             return 0
         elif command == "sweep":
             parsed = parse_args(SweepArgs, rest, "rlstore sweep")

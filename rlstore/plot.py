@@ -1,11 +1,14 @@
 """`rlstore plot RUN_DIR_OR_GLOB...`: learning curves, mean and std across seeds.
 
 Reads a scalar tag (charts/episodic_return by default) from the runs' TensorBoard event
-files, groups the runs by env and run name (the algorithm unless --exp-name gave another),
-smooths each run with a trailing moving average of `smooth` points, puts every run of a
-group on one grid of env steps (`points` steps, evenly spaced over the range all of the
-group's runs cover, by linear interpolation), and draws the mean with a band of +- one
-population std. Headless: matplotlib's Agg backend, no display needed.
+files and groups the runs that are seeds of one experiment: the same algorithm, env, run
+name and resolved config apart from the seed (runs of other budgets or settings are other
+groups, labelled by what differs). It smooths each run with a trailing moving average of
+`smooth` points, puts every run of a group on one grid of env steps (`points` steps,
+evenly spaced over the range all of the group's runs cover, by linear interpolation; a
+group whose runs end at different steps is cut where the shortest ends, and says so), and
+draws the mean with a band of +- one population std over seeds. Headless: matplotlib's
+Agg backend, no display needed.
 """
 
 from __future__ import annotations
@@ -14,18 +17,54 @@ import csv
 import glob
 import json
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlstore.errors import UsageError
+from rlstore.text import plural
 
 Curve = tuple[np.ndarray, np.ndarray]  # steps, values
+
+# config.json entries that do not make runs different experiments: the seed, bookkeeping,
+# and where or how fast a run ran.
+NOT_COMPARED = (
+    "seed", "preset", "resolved", "logdir", "progress", "config", "device", "torch_threads",
+    "track_tensorboard", "checkpoint_every", "keep_checkpoints",
+)  # fmt: skip
+DEFAULT_SMOOTH = 10
+
+
+@dataclass
+class Group:
+    """The runs of one experiment (seeds of the same config) and their curves."""
+
+    env: str
+    name: str
+    settings: dict[str, Any]  # the resolved config, less NOT_COMPARED
+    runs: list[Path] = field(default_factory=list)
+    seeds: list[Any] = field(default_factory=list)
+    curves: list[Curve] = field(default_factory=list)
+    label: str = ""  # the name, plus what tells it from other groups of its env and name
+
+
+@dataclass
+class Reference:
+    """A suite row's reference band and threshold, drawn behind its curve."""
+
+    band: tuple[float, float] | None = None
+    threshold: float | None = None
 
 
 def find_runs(patterns: list[str]) -> list[Path]:
     """Run directories (those with config.json) named by, or inside, the given paths/globs."""
+    if not patterns:
+        raise UsageError(
+            "give run directories, folders holding runs, or globs: rlstore plot runs/ "
+            "(or rlstore plot 'runs/CartPole-v1__ppo__*')"
+        )
     runs: set[Path] = set()
     for pattern in patterns:
         matches = glob.glob(pattern) or []
@@ -71,9 +110,9 @@ def aggregate(curves: list[Curve], points: int) -> tuple[np.ndarray, np.ndarray,
     return grid, stacked.mean(axis=0), stacked.std(axis=0)
 
 
-def group_curves(runs: list[Path], tag: str, window: int) -> dict[tuple[str, str], list[Curve]]:
-    """{(env id, run name): [smoothed curve of each run]}, in a stable order."""
-    groups: dict[tuple[str, str], list[Curve]] = {}
+def group_runs(runs: list[Path], tag: str, window: int) -> list[Group]:
+    """The runs' smoothed curves, grouped by experiment, in a stable order."""
+    groups: dict[str, Group] = {}
     missing = []
     for run in runs:
         curve = read_scalars(run, tag)
@@ -81,15 +120,47 @@ def group_curves(runs: list[Path], tag: str, window: int) -> dict[tuple[str, str
             missing.append(run.name)
             continue
         record = json.loads((run / "config.json").read_text())
-        key = (record["env_id"], record.get("exp_name") or record["algo"])
+        name = record.get("exp_name") or record["algo"]
+        settings = {k: v for k, v in record.items() if k not in NOT_COMPARED}
+        key = json.dumps([record["env_id"], name, settings], sort_keys=True, default=str)
+        group = groups.setdefault(key, Group(record["env_id"], name, settings))
         order = np.argsort(curve[0], kind="stable")
-        groups.setdefault(key, []).append((curve[0][order], smooth(curve[1][order], window)))
+        group.runs.append(run)
+        group.seeds.append(record.get("seed"))
+        group.curves.append((curve[0][order], smooth(curve[1][order], window)))
     if not groups:
         raise UsageError(f"none of the {len(runs)} runs has the scalar tag '{tag}'; give --tag")
     if missing:
         names = ", ".join(missing[:3])
-        warnings.warn(f"{len(missing)} runs have no '{tag}': {names}", stacklevel=2)
-    return dict(sorted(groups.items()))
+        warnings.warn(f"{plural(len(missing), 'run')} have no '{tag}': {names}", stacklevel=2)
+    ordered = [groups[key] for key in sorted(groups)]
+    _label(ordered)
+    return ordered
+
+
+def _label(groups: list[Group]) -> None:
+    """Each group's label: its name, plus the settings that tell it from the other groups
+    of the same env and name (at most three shown)."""
+    for group in groups:
+        others = [g for g in groups if (g.env, g.name) == (group.env, group.name)]
+        keys = sorted({k for g in others for k in {*g.settings, *group.settings}})
+        differ = [k for k in keys if len({json.dumps(g.settings.get(k)) for g in others}) > 1]
+        shown = ", ".join(f"{k}={group.settings.get(k)}" for k in differ[:3])
+        more = ", ..." if len(differ) > 3 else ""
+        group.label = f"{group.name} ({shown}{more})" if differ else group.name
+
+
+def describe(group: Group) -> str:
+    """One line: what was grouped, and where the curve was cut if its runs differ in length."""
+    seeds = ", ".join(str(s) for s in sorted(group.seeds, key=str))
+    line = f"{group.env} {group.label}: {plural(len(group.runs), 'run')} (seeds {seeds})"
+    ends = [steps[-1] for steps, _ in group.curves]
+    if min(ends) < max(ends):
+        line += (
+            f"; cut at step {min(ends):,.0f}, where its shortest run ends (the longest "
+            f"reaches {max(ends):,.0f})"
+        )
+    return line
 
 
 def plot(
@@ -97,25 +168,30 @@ def plot(
     png: str | None = "curves.png",
     csv_path: str | None = None,
     tag: str = "charts/episodic_return",
-    smooth_window: int = 1,
+    smooth_window: int = DEFAULT_SMOOTH,
     points: int = 200,
-) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Draw the curves of the runs in `paths` to `png` and/or write them to `csv_path`."""
+    references: dict[tuple[str, str], Reference] | None = None,
+) -> list[Group]:
+    """Draw the curves of the runs in `paths` to `png` and/or write them to `csv_path`;
+    `references` maps (env, run name) to the band and threshold drawn behind its curve.
+    Returns the groups (print `describe(group)` to say what was grouped)."""
     if smooth_window < 1 or points < 2:
         raise UsageError("--smooth must be at least 1 and --points at least 2")
     plt = _pyplot() if png else None  # before anything is written
-    groups = group_curves(find_runs(paths), tag, smooth_window)
-    table = {key: aggregate(curves, points) for key, curves in groups.items()}
+    groups = group_runs(find_runs(paths), tag, smooth_window)
+    table = [aggregate(group.curves, points) for group in groups]
     if csv_path:
         with open(csv_path, "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["env", "name", "runs", "step", "mean", "std"])
-            for (env, name), (grid, mean, std) in table.items():
+            writer.writerow(["env", "name", "group", "runs", "step", "mean", "std"])
+            for group, (grid, mean, std) in zip(groups, table, strict=True):
                 for row in zip(grid, mean, std, strict=True):
-                    writer.writerow([env, name, len(groups[env, name]), *map(float, row)])
+                    writer.writerow(
+                        [group.env, group.name, group.label, len(group.runs), *map(float, row)]
+                    )
     if png:
-        _draw(plt, table, {key: len(c) for key, c in groups.items()}, tag, png)
-    return table
+        _draw(plt, groups, table, tag, smooth_window, png, references or {})
+    return groups
 
 
 def _pyplot() -> Any:
@@ -123,7 +199,8 @@ def _pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise UsageError(
-            'plots need matplotlib, which is not installed: pip install "rlstore[plot]"'
+            'plots need matplotlib, which is not installed: pip install "rlstore[plot]" '
+            '(in a clone: pip install -e ".[plot]")'
         ) from None
     matplotlib.use("Agg")  # no display
     import matplotlib.pyplot as plt
@@ -131,22 +208,59 @@ def _pyplot() -> Any:
     return plt
 
 
-def _draw(plt: Any, table: dict, counts: dict, tag: str, png: str) -> None:
-    envs = sorted({env for env, _ in table})
+def steps_label(step: float, _: Any = None) -> str:
+    """Axis ticks in env steps: 0, 500, 20k, 1.5M."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(step) >= scale:
+            return f"{step / scale:.4g}{unit}"
+    return f"{step:.0f}"
+
+
+def y_label(tag: str, smooth_window: int) -> str:
+    what = {
+        "charts/episodic_return": "episodic return",
+        "charts/episodic_length": "episode length",
+    }.get(tag, tag)
+    smoothed = f", smoothed over {smooth_window} points" if smooth_window > 1 else ""
+    return f"{what}, mean over seeds{smoothed}"
+
+
+def _draw(
+    plt: Any,
+    groups: list[Group],
+    table: list,
+    tag: str,
+    smooth_window: int,
+    png: str,
+    references: dict[tuple[str, str], Reference],
+) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    envs = sorted({group.env for group in groups})
     cols = min(3, len(envs))
     rows = -(-len(envs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
     for ax, env in zip(axes.flat, envs, strict=False):
-        for (group_env, name), (grid, mean, std) in table.items():
-            if group_env != env:
+        for group, (grid, mean, std) in zip(groups, table, strict=True):
+            if group.env != env:
                 continue
-            (line,) = ax.plot(grid, mean, label=f"{name} ({counts[group_env, name]} runs)")
-            ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+            label = f"{group.label}: {plural(len(group.runs), 'seed')}, band +- std"
+            (line,) = ax.plot(grid, mean, label=label)
+            color = line.get_color()
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2)
+            reference = references.get((env, group.name))
+            if reference and reference.band:
+                ax.axhspan(*reference.band, color=color, alpha=0.08, hatch="//", lw=0,
+                           label=f"{group.name}: reference band")  # fmt: skip
+            if reference and reference.threshold is not None:
+                ax.axhline(reference.threshold, color=color, ls="--", lw=1,
+                           label=f"{group.name}: threshold {reference.threshold:g}")  # fmt: skip
         ax.set_title(env)
         ax.set_xlabel("env steps")
-        ax.set_ylabel(tag.rsplit("/", 1)[-1])
+        ax.set_ylabel(y_label(tag, smooth_window), fontsize=8)
+        ax.xaxis.set_major_formatter(FuncFormatter(steps_label))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(envs) :]:
         ax.axis("off")
     fig.tight_layout()

@@ -333,15 +333,17 @@ def benchmark(
     (out_dir / "results.json").write_text(json.dumps({"suite": suite.name, "rows": rows}, indent=1))
     print(text, end="")
     if plot:
-        _plot_suite(out_dir)
+        _plot_suite(out_dir, suite.rows)
     print(f"rlstore benchmark: results in {out_dir}/results.md and results.json")
     return 1 if any(r["below_band"] or r["too_few_reached"] for r in rows) else 0
 
 
-def _plot_suite(out_dir: Path) -> None:
-    from rlstore.plot import plot
+def _plot_suite(out_dir: Path, rows: list[Row]) -> None:
+    """curves.png: each row's mean +- std over seeds, with its reference band and threshold."""
+    from rlstore.plot import Reference, plot
 
+    references = {(row.env, row.name): Reference(row.band, row.threshold) for row in rows}
     try:
-        plot([str(out_dir / "runs")], png=str(out_dir / "curves.png"), smooth_window=10)
+        plot([str(out_dir / "runs")], png=str(out_dir / "curves.png"), references=references)
     except UsageError as e:  # matplotlib missing, or runs without event files
         print(f"rlstore benchmark: no curves: {e}")

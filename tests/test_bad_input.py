@@ -39,12 +39,12 @@ def run_main(args, logdir, capsys):
         (["ppo", "--torch-threads", "0"], "--torch-threads must be at least 1 (got 0)"),
         (["ppo", "--num-envs", "four"], "Error parsing --num-envs"),
         (["ppo", "--vectorization", "fast"], "invalid choice 'fast'"),
-        (["ppo", "--bogus", "3"], "Unrecognized options: --bogus"),
+        (["ppo", "--bogus", "3"], "unknown option --bogus"),
         (["ppx"], "unknown algorithm 'ppx'; did you mean 'ppo'?"),
         (["--env", "CartPole-v1", "ppo"], "name the algorithm first"),
         (["ppo", "--config", "fastest"], "--config 'fastest' is neither a file nor a packaged"),
         (["ppo", "--env", "FrozenLake-v1"], "FrozenLake-v1 has observation space Discrete(16)"),
-        (["dqn", "--norm-obs"], "Unrecognized options: --norm-obs"),
+        (["dqn", "--norm-obs"], "unknown option --norm-obs"),
         (["dqn", "--q-hidden", "0"], "--q-hidden needs one or more layer widths >= 1"),
     ],
 )
@@ -239,3 +239,10 @@ def test_unbounded_actions_are_sent_unclipped_and_said_so(logdir, capsys):
         del gym.registry["rlstore-test/Unbounded-v0"]
     out = capsys.readouterr().out
     assert "has unbounded actions" in out and "go to the env unclipped" in out
+
+
+def test_a_misspelled_flag_gets_a_suggestion(logdir, capsys):
+    assert main(["train", "ppo", "--total-timestep", "5000", "--logdir", logdir]) == 2
+    err = capsys.readouterr().err
+    assert "unknown option --total-timestep (did you mean --total-timesteps?)" in err
+    assert "5000" not in err and err.count("\n") == 1 and not Path(logdir).exists()

@@ -302,3 +302,16 @@ def test_child_processes_get_one_torch_thread(tiny):
     _, out, _, _ = tiny
     for config in (out / "runs").glob("*/config.json"):
         assert json.loads(config.read_text())["resolved"]["torch_threads"] == 1
+
+
+def test_curves_draw_each_rows_reference_band_and_threshold(monkeypatch, tmp_path):
+    import rlstore.plot
+    from rlstore.suite import _plot_suite
+
+    drawn = {}
+    monkeypatch.setattr(rlstore.plot, "plot", lambda paths, **kwargs: drawn.update(kwargs))
+    rows = load_suite(find_suite("classic")).rows
+    _plot_suite(tmp_path, rows)
+    for row in rows:
+        reference = drawn["references"][row.env, row.name]
+        assert (reference.band, reference.threshold) == (row.band, row.threshold)

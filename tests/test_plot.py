@@ -13,10 +13,11 @@ from rlstore.cli import main
 from rlstore.plot import smooth
 
 
-def fake_run(path, name, points, env="Fake-v0", tag="charts/episodic_return"):
+def fake_run(path, name, points, env="Fake-v0", tag="charts/episodic_return", **config):
     """A run directory with config.json and the given (step, value) points for `tag`."""
     path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"algo": "ppo", "env_id": env, "exp_name": name}))
+    record = {"algo": "ppo", "env_id": env, "exp_name": name, **config}
+    (path / "config.json").write_text(json.dumps(record))
     writer = SummaryWriter(str(path))
     for step, value in points:
         writer.add_scalar(tag, value, step)
@@ -32,15 +33,20 @@ def read_csv(path):
 def runs(tmp_path):
     """Two seeds of linear curves logged at different steps, and a run of another group.
     Linear curves interpolate exactly, so the mean and std are known in closed form."""
-    fake_run(tmp_path / "runs" / "a1", None, [(s, s) for s in range(0, 1001, 100)])
-    fake_run(tmp_path / "runs" / "a2", None, [(s, 3 * s + 10) for s in range(50, 1000, 100)])
+    fake_run(tmp_path / "runs" / "a1", None, [(s, s) for s in range(0, 1001, 100)], seed=1)
+    fake_run(tmp_path / "runs" / "a2", None, [(s, 3 * s + 10) for s in range(50, 1000, 100)],
+             seed=2)  # fmt: skip
     fake_run(tmp_path / "runs" / "b1", "tuned", [(s, 7.0) for s in range(0, 501, 50)])
     return tmp_path / "runs"
 
 
-def test_mean_and_std_across_seeds_through_csv(runs, tmp_path):
+def test_mean_and_std_across_seeds_through_csv(runs, tmp_path, capsys):
     out = tmp_path / "curves.csv"
-    assert main(["plot", str(runs), "--csv", str(out), "--out", "None", "--points", "10"]) == 0
+    args = ["plot", str(runs), "--csv", str(out), "--no-png", "--points", "10", "--smooth", "1"]
+    assert main(args) == 0
+    said = capsys.readouterr().out
+    assert "Fake-v0 ppo: 2 runs (seeds 1, 2); cut at step 950, where its shortest run ends " in said
+    assert "Fake-v0 tuned: 1 run (seeds None)" in said
     rows = read_csv(out)
     ppo = [r for r in rows if r["name"] == "ppo"]
     steps = np.array([float(r["step"]) for r in ppo])
@@ -78,7 +84,7 @@ def test_any_scalar_tag(tmp_path):
     fake_run(tmp_path / "r", None, [(s, s / 10) for s in range(0, 101, 10)], tag="losses/x")
     out = tmp_path / "x.csv"
     assert main(["plot", str(tmp_path / "r"), "--tag", "losses/x", "--csv", str(out),
-                 "--out", "None", "--points", "11"]) == 0  # fmt: skip
+                 "--no-png", "--points", "11", "--smooth", "1"]) == 0  # fmt: skip
     np.testing.assert_allclose([float(r["mean"]) for r in read_csv(out)], np.arange(11))
 
 
@@ -92,7 +98,7 @@ def test_any_scalar_tag(tmp_path):
 )
 def test_bad_input_is_one_line(runs, capsys, args, message):
     args = [a.replace("{runs}", str(runs)) for a in args]
-    assert main(["plot", *args, "--out", "None"]) == 2
+    assert main(["plot", *args, "--no-png", "--csv", str(runs / "x.csv")]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 
@@ -114,6 +120,46 @@ def test_a_resumed_run_counts_each_step_once(tmp_path):
         writer.add_scalar("charts/episodic_return", 2.0, s)
     writer.close()
     out = tmp_path / "r.csv"
-    assert main(["plot", str(run), "--csv", str(out), "--out", "None", "--points", "11"]) == 0
+    assert main(["plot", str(run), "--csv", str(out), "--no-png", "--points", "11",
+                 "--smooth", "1"]) == 0  # fmt: skip
     means = [float(r["mean"]) for r in read_csv(out)]
     assert means[:6] == [1.0] * 6 and means[-4:] == [2.0] * 4  # steps 0..500 | 700..1000
+
+
+def test_runs_of_other_budgets_or_settings_are_other_groups(tmp_path, capsys):
+    """A 100k-step run and three 4k-step runs are two curves, labelled by what differs; the
+    seeds of each are averaged, and settings that do not change the run do not split them."""
+    for seed in (1, 2, 3):
+        fake_run(tmp_path / f"short{seed}", None, [(s, seed) for s in range(0, 4001, 1000)],
+                 seed=seed, total_timesteps=4000, device=f"cuda:{seed}")  # fmt: skip
+    fake_run(tmp_path / "long", None, [(s, 9.0) for s in range(0, 100_001, 10_000)], seed=1,
+             total_timesteps=100_000)  # fmt: skip
+    out = tmp_path / "c.csv"
+    args = ["plot", str(tmp_path / "*"), "--csv", str(out), "--no-png", "--points", "5"]
+    assert main(args) == 0
+    said = capsys.readouterr().out
+    assert "ppo (total_timesteps=4000): 3 runs (seeds 1, 2, 3)" in said
+    assert "ppo (total_timesteps=100000): 1 run (seeds 1)" in said and "cut" not in said
+    rows = read_csv(out)
+    long = [r for r in rows if r["group"] == "ppo (total_timesteps=100000)"]
+    short = [r for r in rows if r["group"] == "ppo (total_timesteps=4000)"]
+    assert float(long[-1]["step"]) == 100_000 and float(short[-1]["step"]) == 4000
+    assert {float(r["mean"]) for r in short} == {2.0} and {r["runs"] for r in short} == {"3"}
+
+
+def test_step_ticks_and_the_y_label_say_what_is_drawn():
+    from rlstore.plot import steps_label, y_label
+
+    assert [steps_label(s) for s in (0, 500, 20_000, 100_000, 1_500_000, 10_000_000)] == [
+        "0", "500", "20k", "100k", "1.5M", "10M",
+    ]  # fmt: skip
+    assert y_label("charts/episodic_return", 10) == (
+        "episodic return, mean over seeds, smoothed over 10 points"
+    )
+    assert y_label("losses/x", 1) == "losses/x, mean over seeds"
+
+
+def test_plot_with_no_argument_says_what_it_expects(capsys):
+    assert main(["plot"]) == 2
+    err = capsys.readouterr().err
+    assert "give run directories, folders holding runs, or globs: rlstore plot runs/" in err
