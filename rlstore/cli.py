@@ -24,12 +24,22 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from rlstore import __version__
-from rlstore.config import CONFIG_CLASSES, apply_overrides, flag, read_config, resolve
+from rlstore.config import (
+    CONFIG_CLASSES,
+    PRESET_DIR,
+    apply_overrides,
+    describe_config,
+    flag,
+    presets_of,
+    read_config,
+    resolve,
+    shipped_presets,
+)
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.executor import finished_steps
 
 USAGE = """\
-usage: rlstore {train,resume,eval,benchmark,plot,sweep} ... | rlstore --version
+usage: rlstore {train,presets,resume,eval,benchmark,plot,sweep} ... | rlstore --version
 
 rlstore: a reference RL trainer built around correct, resumable storage.
 
@@ -37,6 +47,8 @@ commands:
   train ppo    Proximal Policy Optimization
   train a2c    Advantage Actor-Critic
   train dqn    Deep Q-Network (Double, dueling, n-step, prioritized replay as options)
+  train ALGO --env ID --print-config   the resolved config and where each value came from
+  presets      every shipped preset: algorithm, envs, values, source
   resume DIR   continue an interrupted run from its newest checkpoint
   eval DIR     evaluate a run's trained policy
   benchmark SUITE   run a suite of algorithms x envs x seeds; results table and curves
@@ -62,6 +74,13 @@ class ResumeArgs:
     torch_threads: int | Literal["auto"] | None = None
     """Torch intra-op threads; default: the run's own setting. Another count can change the
     arithmetic's rounding, so the resumed run may then differ from an uninterrupted one."""
+
+
+@dataclass
+class PresetsArgs:
+    """List every shipped preset: its algorithm, the envs it applies to, the values it sets
+    and where they come from. `rlstore train ALGO --env ID --print-config` shows every value
+    a run will use."""
 
 
 @dataclass
@@ -159,13 +178,50 @@ def parse_train(args: list[str]):
     algo, flags = args[0], args[1:]
     if algo.startswith("-"):
         raise UsageError(f"name the algorithm first: rlstore train {{{algos}}} {' '.join(args)}")
+    prog = f"rlstore train {algo}"
+    if "-h" in flags or "--help" in flags:  # the plain defaults, and the presets that change them
+        cls = resolve(algo)[0].__class__
+        parse_args(cls, flags, prog, default=cls(), description=_train_help(algo, cls))
+    print_config = "--print-config" in flags
+    flags = [f for f in flags if f != "--print-config"]
     # The preset and the --config file give the defaults; tyro applies the flags on top.
     config_file = _scan_flag(flags, ("--config",))
     env_id = _scan_flag(flags, ("--env", "--env-id"))
     defaults, preset = resolve(algo, env_id, {"config": config_file} if config_file else None)
-    cfg = parse_args(type(defaults), flags, f"rlstore train {algo}", default=defaults)
+    cfg = parse_args(type(defaults), flags, prog, default=defaults)
     # --config may name a packaged preset: record the file it resolved to
-    return algo, dataclasses.replace(cfg, config=defaults.config), preset
+    cfg = dataclasses.replace(cfg, config=defaults.config)
+    if print_config:
+        print(describe_config(algo, cfg, preset, _given_fields(cfg, flags)))
+        raise SystemExit(0)
+    return algo, cfg, preset
+
+
+def _train_help(algo: str, cls: type) -> str:
+    """`rlstore train ALGO --help`'s text: the class's own, and the presets that change the
+    defaults shown."""
+    lines = [(cls.__doc__ or "").strip(), "", "Defaults below are the plain ones. Presets:"]
+    for p in presets_of(algo):
+        lines.append(f"  {p.applies_to}: {', '.join(p.keys)}")
+    lines += [
+        "",
+        "See every value a run will use, and where it comes from, with --print-config "
+        "(`rlstore presets` lists them all).",
+    ]
+    return "\n".join(lines)
+
+
+def _given_fields(cfg: Any, flags: list[str]) -> set[str]:
+    """The config fields set by command-line flags."""
+    names = {f.name for f in dataclasses.fields(cfg)}
+    given = set()
+    for arg in flags:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].split("=")[0].replace("-", "_")
+        name = "env_id" if name == "env" else name
+        given.add(name if name in names else name.removeprefix("no_"))
+    return given & names
 
 
 def _scan_flag(args: list[str], names: tuple[str, ...]) -> str | None:
@@ -277,6 +333,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 0
             preset = None
+        elif command == "presets":
+            parse_args(PresetsArgs, rest, "rlstore presets")
+            for p in shipped_presets():
+                where = p.path.relative_to(PRESET_DIR.parent)
+                print(f"{p.algo} on {p.applies_to}: {where}\n    sets {', '.join(p.keys)}")
+                print(f"    {p.source}")
+            return 0
         elif command == "eval":
             parsed = parse_args(EvalArgs, rest, "rlstore eval")
             from rlstore.evaluate import evaluate

@@ -462,3 +462,96 @@ def _bound(tp: Any) -> Bound | None:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return next(filter(None, map(_bound, typing.get_args(tp))), None)
     return None
+
+
+# -- what a run will use, before it runs --------------------------------------------------------
+
+
+@dataclass
+class PresetInfo:
+    """A shipped preset: its algorithm, the envs it applies to, its values and their source."""
+
+    algo: str
+    path: Path
+    applies_to: str
+    keys: list[str]
+    source: str  # the first sentence of the file's comment
+
+
+FAMILY_WORDS = {"atari": "every ALE id without its own preset", "mujoco": "every MuJoCo id"}
+
+
+def shipped_presets() -> list[PresetInfo]:
+    """Every preset in configs/ (suites apart), in a stable order."""
+    presets = []
+    for path in sorted(PRESET_DIR.glob("*/*.toml")):
+        algo = path.parent.name
+        if algo not in CONFIG_CLASSES:
+            continue
+        env, _, name = path.stem.partition(".")
+        if env in FAMILY_WORDS:
+            applies = f"{FAMILY_WORDS[env]} (automatic)"
+        elif name:
+            applies = f"{env}, with --config {name} (not automatic)"
+        else:
+            applies = f"{env} (automatic)"
+        comment = " ".join(
+            line.lstrip("# ").strip()
+            for line in path.read_text().splitlines()
+            if line.startswith("#")
+        )
+        # its first sentence ("et al." does not end one)
+        first = re.split(r"(?<!\bal)\.\s+(?=[A-Z(])", comment, maxsplit=1)[0].rstrip(".")
+        source = first + "." if comment else "(no comment)"
+        keys = list(read_config(path, "preset"))
+        presets.append(PresetInfo(algo, path, applies, keys, source))
+    return presets
+
+
+def presets_of(algo: str) -> list[PresetInfo]:
+    """The shipped presets of one algorithm (applied automatically or with --config NAME)."""
+    return [p for p in shipped_presets() if p.algo == algo]
+
+
+def value_sources(
+    algo: str, cfg: CommonConfig, preset: Path | None, given: set[str]
+) -> dict[str, str]:
+    """Where each field's value came from: 'flag', 'file <path>', 'preset <path>' or
+    'default'. `given` holds the fields set on the command line."""
+    from_preset = set(read_config(preset, "preset")) if preset else set()
+    config_file = Path(cfg.config) if cfg.config else None
+    from_file = set(read_config(config_file)) if config_file else set()
+    sources = {}
+    for field in dataclasses.fields(cfg):
+        if field.name in given:
+            sources[field.name] = "flag"
+        elif field.name in from_file or (field.name == "env_id" and "env" in from_file):
+            sources[field.name] = f"file {config_file}"
+        elif field.name in from_preset:
+            sources[field.name] = f"preset {preset}"
+        else:
+            sources[field.name] = "default"
+    return sources
+
+
+def describe_config(algo: str, cfg: CommonConfig, preset: Path | None, given: set[str]) -> str:
+    """The resolved config, one field a line, with where each value came from."""
+    sources = value_sources(algo, cfg, preset, given)
+    lines = [f"# rlstore train {algo}: the resolved config (value  # where it came from)"]
+    width = max(len(f.name) for f in dataclasses.fields(cfg))
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if value is None:  # (TOML has no null)
+            lines.append(f"# {field.name:<{width - 2}} unset{'':<12}  # {sources[field.name]}")
+            continue
+        text = json.dumps(_plain_value(value))
+        lines.append(f"{field.name:<{width}} = {text:<14}  # {sources[field.name]}")
+    derived = [
+        f"# steps run: {cfg.steps_run:,} ({cfg.steps_run // cfg.iteration_steps:,} iterations "
+        f"of {cfg.iteration_steps:,} env steps)"
+    ]
+    return "\n".join(lines + derived)
+
+
+def _plain_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

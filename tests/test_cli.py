@@ -290,3 +290,40 @@ def test_a_replay_buffer_that_does_not_fit_is_refused_before_anything_is_made(
     assert err.count("\n") == 1 and "--buffer-size 1,000,000 (" in err
     assert "bytes per transition) needs 30.5 MiB of host memory, but only 10.0 MiB" in err
     assert not Path(logdir).exists()
+
+
+def test_presets_lists_every_shipped_preset(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    files = sorted(p for p in config.PRESET_DIR.glob("*/*.toml") if p.parent.name != "suites")
+    for path in files:
+        assert f": configs/{path.parent.name}/{path.name}\n" in out
+    assert "ppo on every MuJoCo id (automatic)" in out
+    assert "ppo on CartPole-v1, with --config fast (not automatic)" in out
+
+
+def test_print_config_says_where_each_value_came_from(tmp_path, capsys):
+    own = tmp_path / "mine.toml"
+    own.write_text("gamma = 0.9\nnum_envs = 2\n")
+    logdir = tmp_path / "runs"
+    args = ["train", "a2c", "--env", "Acrobot-v1", "--config", str(own), "--num-envs", "3",
+            "--no-anneal-lr", "--logdir", str(logdir), "--print-config"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 0 and not logdir.exists()
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    preset = config.PRESET_DIR / "a2c" / "Acrobot-v1.toml"
+    assert lines["num_envs"].split("#")[1].strip() == "flag"  # flag over file over preset
+    assert "= 3 " in lines["num_envs"] and lines["anneal_lr"].endswith("# flag")
+    assert lines["gamma"].endswith(f"# file {own}") and "= 0.9 " in lines["gamma"]
+    assert lines["ent_coef"].endswith(f"# preset {preset}")
+    assert lines["learning_rate"].endswith("# default") and "= 0.0007 " in lines["learning_rate"]
+    assert lines["env_id"].endswith("# flag")
+
+
+def test_train_help_shows_the_plain_defaults_and_names_the_presets(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "a2c", "--help"])
+    out = re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", capsys.readouterr().out))
+    assert "--num-envs INT Number of parallel environments. (default: 4)" in out
+    assert "CartPole-v1 (automatic): num_envs, ent_coef" in out and "--print-config" in out
