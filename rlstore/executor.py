@@ -15,17 +15,20 @@ checkpoints and stops; the next start resumes them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,23 +204,34 @@ def _start_child(spec: RunSpec) -> subprocess.Popen:
             log.close()
 
 
+RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"  # where `ray start --head` writes it
+
+
 def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
     """Start Ray in this process (no address) or join the cluster at HOST:PORT; the ray module.
-    A missing Ray or a cluster that does not answer is one clear UsageError."""
+    A missing Ray or a cluster that does not answer is one clear UsageError.
+
+    A head started the default way (`ray start --head`, Ray 2.5x and later) asks its clients
+    for the token it wrote to ~/.ray/auth_token; Ray's own client sends it only when told
+    (RAY_AUTH_MODE=token), so rlstore tells it whenever this machine has a token. Ray's log
+    lines while joining are kept out of rlstore's output, and say why a join failed."""
+    host, _, port = (address or "").rpartition(":")
+    if address is not None and (not host or not port.isdigit()):
+        raise UsageError(f"--address '{address}' is not HOST:PORT (such as 127.0.0.1:6379)")
+    if address is not None and "RAY_AUTH_MODE" not in os.environ and _ray_token_here():
+        os.environ["RAY_AUTH_MODE"] = "token"  # before Ray reads its config, at import
     try:
         import ray
     except ImportError:
         raise UsageError(
-            'this needs Ray, which is not installed: pip install "rlstore[sweep]"'
+            'this needs Ray, which is not installed: pip install "rlstore[sweep]" '
+            '(in a clone: pip install -e ".[sweep]")'
         ) from None
     if ray.is_initialized():
         return ray
     if address is None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         return ray
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"--address '{address}' is not HOST:PORT (such as 127.0.0.1:6379)")
     try:  # ray.init itself would retry for a minute or more
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as e:
@@ -225,12 +239,53 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
             f"no Ray cluster answers at {address} ({e.strerror or e}); start one with "
             "`ray start --head` or leave out --address to run on this machine"
         ) from None
-    try:
-        ray.init(address=address, log_to_driver=False)
-    except Exception as e:  # a cluster that refuses us: authentication, versions
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"could not join the Ray cluster at {address}: {reason}") from None
+    print(f"rlstore: joining the Ray cluster at {address}", flush=True)
+    with tempfile.TemporaryFile("w+") as ray_log:
+        try:
+            with _stderr_to(ray_log):
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except Exception as e:  # a cluster that refuses us: authentication, versions
+            ray_log.seek(0)
+            raise UsageError(_join_failure(address, e, ray_log.read())) from None
     return ray
+
+
+def _ray_token_here() -> bool:
+    """Whether this machine has a Ray authentication token, where Ray looks for one."""
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")) or (
+        RAY_TOKEN_FILE.is_file()
+    )
+
+
+def _join_failure(address: str, error: Exception, ray_log: str) -> str:
+    """The one line that says why joining a Ray cluster failed, and what to do."""
+    if "InvalidAuthToken" in ray_log or "Unauthenticated" in ray_log:
+        have = "has another token" if _ray_token_here() else "has no token"
+        return (
+            f"could not join the Ray cluster at {address}: it asks for its authentication "
+            f"token and this machine {have}; copy the head's ~/.ray/auth_token to "
+            f"{RAY_TOKEN_FILE} (or set RAY_AUTH_TOKEN to its contents) and run the command again"
+        )
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"could not join the Ray cluster at {address}: {reason}; check that "
+        f"`ray status --address {address}` works here (the same Ray and Python versions as the "
+        "head)"
+    )
+
+
+@contextlib.contextmanager
+def _stderr_to(file: Any) -> Iterator[None]:
+    """Send this process's stderr (file descriptor 2: Python's and Ray's C++ logs) to file."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def check_gpu_share(share: float) -> None:

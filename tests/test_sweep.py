@@ -31,11 +31,11 @@ clip_vloss = { choice = [true, false] }
 """
 
 
-def sweep(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def sweep(spec: Path, out: Path, *extra: str, env=None) -> subprocess.CompletedProcess:
     """A sweep in its own process, as users run it (Ray then stops with the process)."""
     return subprocess.run(
         [sys.executable, "-m", "rlstore", "sweep", str(spec), "--out", str(out), *extra],
-        capture_output=True, text=True,
+        capture_output=True, text=True, env=env,
     )  # fmt: skip
 
 
@@ -113,12 +113,18 @@ def test_an_interrupted_sweep_continues(tmp_path):
 @pytest.mark.slow
 @needs("sweep", "ray", "optuna")
 def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
+    """The documented commands as typed, against a head started the default way, in a home
+    of its own: `ray start --head` turns on token authentication when the machine has a
+    token (~/.ray/auth_token, which any local Ray >= 2.5x writes: here `ray get-auth-token
+    --generate`). Without the token, one line that says what to do."""
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, whatever is on PATH
     from test_benchmark import free_port
 
     port = free_port()
-    # (Ray's token authentication would need the token passed to every client)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    (tmp_path / "home").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = str(tmp_path / "home")
+    subprocess.run([*ray_cli, "get-auth-token", "--generate"], capture_output=True, env=env)
     started = subprocess.run(
         [*ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
          "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
@@ -126,12 +132,14 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
     )  # fmt: skip
     try:
         assert started.returncode == 0, started.stderr[-2000:]
+        assert "Token authentication is enabled" in started.stderr + started.stdout
         address = f"127.0.0.1:{port}"
         spec = tmp_path / "spec.toml"
         spec.write_text(SPEC.replace("trials = 3", "trials = 2"))
         out = tmp_path / "cluster"
-        result = sweep(spec, out, "--address", address)
+        result = sweep(spec, out, "--address", address, env=env)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert "gcs_client" not in result.stdout + result.stderr  # no Ray log lines
         check_best_reproduces(out, tmp_path)
 
         suite = tmp_path / "s.toml"
@@ -139,20 +147,26 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
             'seeds = [1, 2]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
             "overrides = { num_steps = 64 }\n"
         )
-        on_ray = subprocess.run(
-            [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out",
-             str(tmp_path / "b"), "--address", address, "--no-plot"],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        command = [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out",
+                   str(tmp_path / "b"), "--address", address, "--no-plot"]  # fmt: skip
+        on_ray = subprocess.run(command, capture_output=True, text=True, env=env)
         assert on_ray.returncode == 0, on_ray.stdout[-2000:] + on_ray.stderr[-2000:]
+        assert on_ray.stderr == ""
         assert main(["benchmark", str(suite), "--out", str(tmp_path / "l"), "--no-plot"]) == 0
         ray_rows = json.loads((tmp_path / "b" / "results.json").read_text())["rows"]
         local_rows = json.loads((tmp_path / "l" / "results.json").read_text())["rows"]
         assert [r["score"] for r in ray_rows[0]["runs"]] == [
             r["score"] for r in local_rows[0]["runs"]
         ]
+        (tmp_path / "elsewhere").mkdir()  # a machine without the head's token
+        refused = subprocess.run(command, capture_output=True, text=True,
+                                 env={**env, "HOME": str(tmp_path / "elsewhere")})  # fmt: skip
+        assert refused.returncode == 2
+        assert refused.stderr.count("\n") == 1, refused.stderr[-2000:]
+        assert "asks for its authentication token and this machine has no token" in refused.stderr
+        assert "~/.ray/auth_token" in refused.stderr
     finally:
-        subprocess.run([*ray_cli, "stop", "--force"], capture_output=True)
+        subprocess.run([*ray_cli, "stop", "--force"], capture_output=True, env=env)
 
 
 @pytest.mark.parametrize(
