@@ -2,7 +2,8 @@
 
 Frame skip 4 with max-pooling over the last two frames, 84x84 grayscale, a stack of the
 last 4 frames (zeros before an episode's first frame), up to 30 no-op starts, FIRE on
-reset where the game needs it, sticky actions off (the published tables use none; the v5
+reset where the game needs it (and, with --fire-on-life-loss, after every lost life), sticky
+actions off (the published tables use none; the v5
 ids' 0.25 comes back with --sticky-actions). Rewards come out unclipped, so logged returns
 are whole games as papers report them; the trainers clip them to their sign for learning.
 A lost life is reported in `envs.life_lost` after each step (docs/episode-boundaries.md):
@@ -21,6 +22,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+
+from rlstore.errors import UsageError
 
 FRAME_STACK = 4
 FRAME_SKIP = 4
@@ -41,15 +44,23 @@ def make_atari_envs(
     vectorization: str = "auto",
     sticky_actions: bool = False,
     max_episode_steps: int | None = None,
+    fire_on_life_loss: bool = False,
 ) -> gym.vector.VectorEnv:
     """`num_envs` preprocessed copies of an ALE game as one NEXT_STEP vector env with
-    `life_lost` (see the module docstring). Seeded by the caller's first reset(seed=...)."""
+    `life_lost` (see the module docstring). Seeded by the caller's first reset(seed=...).
+    `fire_on_life_loss` needs Gymnasium's wrappers: ale-py's vector env has no such step."""
+    if fire_on_life_loss and vectorization == "native":
+        raise UsageError(
+            "--fire-on-life-loss needs Gymnasium's Atari wrappers, not ale-py's native vector "
+            "env; use --vectorization auto, sync or async"
+        )
     game = spec.kwargs["game"]
     sticky = STICKY_PROBABILITY if sticky_actions else 0.0
     max_frames = spec.kwargs.get("max_num_frames_per_episode", 108_000)
     if max_episode_steps is not None:
         max_frames = max_episode_steps * FRAME_SKIP
-    vector_env = _ale_vector_env_class() if vectorization in ("auto", "native") else None
+    native = vectorization in ("auto", "native") and not fire_on_life_loss
+    vector_env = _ale_vector_env_class() if native else None
     if vector_env is not None:
         envs = vector_env(
             game,
@@ -70,7 +81,7 @@ def make_atari_envs(
             autoreset_mode=AutoresetMode.NEXT_STEP,
         )
     else:
-        make = functools.partial(_preprocessed_env, spec.id, sticky, max_frames)
+        make = functools.partial(_preprocessed_env, spec.id, sticky, max_frames, fire_on_life_loss)
         vector_cls = (
             gym.vector.AsyncVectorEnv if vectorization == "async" else gym.vector.SyncVectorEnv
         )
@@ -86,7 +97,9 @@ def _ale_vector_env_class() -> type | None:
     return AtariVectorEnv
 
 
-def _preprocessed_env(env_id: str, sticky: float, max_frames: int) -> gym.Env:
+def _preprocessed_env(
+    env_id: str, sticky: float, max_frames: int, fire_on_life_loss: bool = False
+) -> gym.Env:
     env = gym.make(
         env_id,
         frameskip=1,  # AtariPreprocessing skips and max-pools
@@ -98,6 +111,8 @@ def _preprocessed_env(env_id: str, sticky: float, max_frames: int) -> gym.Env:
     )
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
+        if fire_on_life_loss:
+            env = FireOnLifeLoss(env)
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK, padding_type="zero")
 
 
@@ -111,6 +126,25 @@ class FireReset(gym.Wrapper):
         if terminated or truncated:
             obs, info = self.env.reset()
         return obs, info
+
+
+class FireOnLifeLoss(gym.Wrapper):
+    """Press FIRE right after a step that lost a life (the game goes on), as CleanRL's and
+    baselines' wrappers do through their life-loss resets. The FIRE step is part of the
+    agent's step: its frames and reward are added to it, and it is not a transition."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self.lives = info["lives"]
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if info["lives"] < self.lives and not (terminated or truncated):
+            obs, fire_reward, terminated, truncated, info = self.env.step(1)
+            reward += fire_reward
+        self.lives = info["lives"]
+        return obs, reward, terminated, truncated, info
 
 
 class LifeLoss(gym.vector.VectorWrapper):

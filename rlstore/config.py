@@ -65,10 +65,10 @@ class CommonConfig:
     device: str = "auto"
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
     torch_threads: Count | Literal["auto"] = "auto"
-    """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1, because
-    a second thread does not speed up the small MLPs, and spare threads spinning on shared
-    cores make several runs at once collapse (Atari's CNN: 8x slower). A run alone with a
-    CNN on a CPU gains from more (docs/atari.md). A number overrides it."""
+    """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1 for MLP
+    policies (a second thread does not speed them up), every core for CNN policies (Atari),
+    whose idle threads sleep so that runs sharing the cores do not collapse
+    (docs/atari.md). A number overrides it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
@@ -77,6 +77,11 @@ class CommonConfig:
     sticky_actions: bool = False
     """Atari: repeat the previous action with probability 0.25 (the v5 ids' default). Off
     by default, as in the published tables rlstore compares with."""
+    fire_on_life_loss: bool = False
+    """Atari: press FIRE after every lost life in games that need it to go on (Breakout), as
+    CleanRL's and baselines' wrappers do; that step is not a transition. Off by default: a
+    policy learns to press FIRE itself, and ale-py's fast vector env cannot do it (with it
+    on, Gymnasium's wrappers run instead: docs/atari.md)."""
     sign_rewards: bool = False
     """Learn from the sign of each reward (-1, 0, 1), as DQN and PPO do on Atari (on by
     default there). Logged episode returns stay the env's own."""

@@ -125,6 +125,7 @@ def make_vec_env(
     algo: str | None = None,
     infos: bool = True,
     sticky_actions: bool = False,
+    fire_on_life_loss: bool = False,
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algo` can train on its spaces (check_spaces).
@@ -138,7 +139,8 @@ def make_vec_env(
     """
     spec = check_env_id(env_id)
     if is_atari(spec):
-        envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps)
+        envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
+                               fire_on_life_loss)  # fmt: skip
     else:
         envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, max_episode_steps, infos)
     try:
@@ -189,7 +191,8 @@ def make_training_envs(cfg: CommonConfig, algo: str) -> gym.vector.VectorEnv:
     training reads none)."""
     return make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
                         cfg.max_episode_steps, algo, infos=False,
-                        sticky_actions=cfg.sticky_actions)  # fmt: skip
+                        sticky_actions=cfg.sticky_actions,
+                        fire_on_life_loss=cfg.fire_on_life_loss)  # fmt: skip
 
 
 class EpisodeStats:

@@ -185,7 +185,8 @@ def evaluate(
         env, video_file = _video_env(policy.env_id, run_dir / "videos", prefix, env_kwargs)
     elif is_atari(check_env_id(policy.env_id)):  # the training preprocessing, one env
         env = OneEnv(make_vec_env(policy.env_id, 1, 0, max_episode_steps=cfg.get(
-            "max_episode_steps"), sticky_actions=cfg.get("sticky_actions", False)))  # fmt: skip
+            "max_episode_steps"), sticky_actions=cfg.get("sticky_actions", False),
+            fire_on_life_loss=cfg.get("fire_on_life_loss", False)))  # fmt: skip
     else:
         env = gym.make(policy.env_id, **env_kwargs)
     seed = cfg.get("seed", 0) + 10_000 if seed is None else seed  # not the training envs' seeds

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import signal
 import sys
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from rlstore.atari import is_atari
 from rlstore.checkpoint import (
     checkpoint_files,
     env_state,
@@ -97,6 +99,19 @@ def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
                 f"{what} needs {size(nbytes)} of {where} memory, but only {size(free)} is "
                 f"available; {fix}"
             )
+
+
+def auto_threads(cnn: bool) -> int:
+    """--torch-threads auto: one thread for the small MLPs (a second does not speed them up),
+    every core for a CNN policy (Atari), whose convolutions do gain from them. Idle threads
+    sleep (OMP_WAIT_POLICY=PASSIVE, set in rlstore/__init__.py), so several CNN runs sharing
+    the cores do not collapse as with spinning threads (docs/atari.md has the figures)."""
+    if not cnn:
+        return 1
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def check_writable_dir(path: Path) -> None:
@@ -308,11 +323,11 @@ class Run:
         called with the Run whenever the update scalars are logged (sweeps watch a run's
         episodes through it)."""
         validate(cfg)
-        check_env_id(cfg.env_id)
+        spec = check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
         skip_dynamo_import()  # before any optimizer exists
-        threads = 1 if cfg.torch_threads == "auto" else cfg.torch_threads
+        threads = auto_threads(is_atari(spec)) if cfg.torch_threads == "auto" else cfg.torch_threads
         torch.set_num_threads(threads)
         # numpy's BLAS too (the numpy fast paths): its threads would spin on shared cores
         # just as torch's do; given back in close()

@@ -2,6 +2,7 @@
 real ALE stream, whole unclipped games in the logs, and CLI runs with a tiny budget."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,8 @@ def test_cli_trains_on_an_atari_id_with_its_defaults(algo, logdir, capsys):
     (run_dir,) = Path(logdir).iterdir()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["sign_rewards"] and not config["sticky_actions"]
+    # --torch-threads auto: every core for the CNN (idle threads sleep: OMP_WAIT_POLICY)
+    assert config["resolved"]["torch_threads"] == len(os.sched_getaffinity(0))
     record = torch.load(run_dir / "model.pt", weights_only=True)
     assert record["policy"]["network"] == ("cnn_q_network" if algo == "dqn" else "cnn_actor_critic")
     assert main(["eval", str(run_dir), "--episodes", "1"]) == 0
@@ -183,3 +186,27 @@ def test_gymnasium_wrappers_give_the_same_kind_of_stream():
             assert not next_obs[env, :3].any()
         prev_done = term | trunc
     assert losses >= 2
+
+
+@pytest.mark.parametrize("fire_on_life_loss", [False, True])
+def test_fire_after_a_lost_life_is_an_option(fire_on_life_loss, logdir, capsys):
+    """A policy that only ever does NOOP: FIRE at reset launches Breakout's first ball, and
+    without --fire-on-life-loss the game then waits after the first lost life until the
+    time limit; with it, every ball is launched and the game ends on its last life."""
+    envs = make_vec_env("ALE/Breakout-v5", 1, 0, fire_on_life_loss=fire_on_life_loss,
+                        max_episode_steps=3000)  # fmt: skip
+    _, info = envs.reset(seed=0)
+    lost = steps = 0
+    term = trunc = np.zeros(1, bool)
+    while not (term[0] or trunc[0]):
+        _, _, term, trunc, info = envs.step(np.zeros(1, np.int64))  # NOOP
+        lost, steps = lost + int(envs.life_lost[0]), steps + 1
+    envs.close()
+    if fire_on_life_loss:
+        assert term[0] and not trunc[0] and lost == 4 and steps < 1500  # 5 balls, game over
+    else:
+        assert trunc[0] and lost == 1 and info["lives"][0] == 4  # stalled after one ball
+    code = main(["train", "ppo", "--env", "ALE/Breakout-v5", "--fire-on-life-loss",
+                 "--vectorization", "native", "--logdir", logdir])  # fmt: skip
+    assert code == 2 and "use --vectorization auto, sync or async" in capsys.readouterr().err
+    assert not Path(logdir).exists()

@@ -327,3 +327,19 @@ def test_train_help_shows_the_plain_defaults_and_names_the_presets(capsys):
     out = re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", capsys.readouterr().out))
     assert "--num-envs INT Number of parallel environments. (default: 4)" in out
     assert "CartPole-v1 (automatic): num_envs, ent_coef" in out and "--print-config" in out
+
+
+def test_auto_threads_one_for_mlps_every_core_for_cnns_which_wait_passively():
+    import os
+
+    from rlstore.run import auto_threads
+
+    assert auto_threads(cnn=False) == 1
+    assert auto_threads(cnn=True) == len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    probe = "import os, rlstore, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert said.stdout.strip() == "PASSIVE"  # set before torch loads, unless the user chose
+    said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
+    assert said.stdout.strip() == "ACTIVE"
