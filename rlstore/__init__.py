@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 # Idle OpenMP threads sleep instead of spinning, so that runs sharing the cores do not
-# collapse when a CNN run takes several threads (docs/atari.md). OpenMP reads this once, when
+# collapse when a CNN run takes several threads (docs/guides/atari.md). OpenMP reads this once, when
 # torch loads: set before any torch import, and only if the user has not chosen.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -6,7 +6,7 @@ reset where the game needs it (and, with --fire-on-life-loss, after every lost l
 actions off (the published tables use none; the v5
 ids' 0.25 comes back with --sticky-actions). Rewards come out unclipped, so logged returns
 are whole games as papers report them; the trainers clip them to their sign for learning.
-A lost life is reported in `envs.life_lost` after each step (docs/episode-boundaries.md):
+A lost life is reported in `envs.life_lost` after each step (docs/reference/episode-boundaries.md):
 the learners cut the bootstrap there while the game goes on.
 
 ale-py's own AtariVectorEnv (preprocessing in C++, threads) is used when it is there and

@@ -153,7 +153,7 @@ class SweepArgs:
     `rlstore train ALGO --config best.toml --seed N` reproduces exactly."""
 
     spec: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SPEC")]
-    """The sweep spec (TOML); docs/sweeps.md gives the format."""
+    """The sweep spec (TOML); docs/guides/many-runs.md gives the format."""
     out: str | None = None
     """Output directory; default sweeps/{spec file name}. Run again to continue."""
     address: str | None = None

@@ -68,7 +68,7 @@ class CommonConfig:
     """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1 for MLP
     policies (a second thread does not speed them up), every core for CNN policies (Atari),
     whose idle threads sleep so that runs sharing the cores do not collapse
-    (docs/atari.md). A number overrides it."""
+    (docs/guides/atari.md). A number overrides it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
@@ -81,10 +81,14 @@ class CommonConfig:
     """Atari: press FIRE after every lost life in games that need it to go on (Breakout), as
     CleanRL's and baselines' wrappers do; that step is not a transition. Off by default: a
     policy learns to press FIRE itself, and ale-py's fast vector env cannot do it (with it
-    on, Gymnasium's wrappers run instead: docs/atari.md)."""
+    on, Gymnasium's wrappers run instead: docs/guides/atari.md)."""
     sign_rewards: bool = False
     """Learn from the sign of each reward (-1, 0, 1), as DQN and PPO do on Atari (on by
     default there). Logged episode returns stay the env's own."""
+    truncation_as_termination: bool = False
+    """Treat a time-limit truncation as a termination (no bootstrap from the final
+    observation), as CleanRL's ppo_continuous_action.py and other older code do: only to
+    reproduce their results (docs/reference/episode-boundaries.md)."""
     logdir: str = "runs"
     """Parent directory of run directories."""
     exp_name: str | None = None

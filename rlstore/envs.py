@@ -1,4 +1,4 @@
-"""Vector environments and the autoreset contract (docs/episode-boundaries.md).
+"""Vector environments and the autoreset contract (docs/reference/episode-boundaries.md).
 
 rlstore uses Gymnasium's NEXT_STEP autoreset mode (the default, and the only mode the
 native vectorized envs such as CartPoleVectorEnv implement). Its consequences:
@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -112,7 +113,7 @@ def is_frame_stack(obs_space: gym.Space) -> bool:
 
 
 # A native vector step costs about the same for 1 or 16 envs, where the lean sync step pays
-# per env: below 6 CartPole envs sync is faster (docs/fast-paths.md).
+# per env: below 6 CartPole envs sync is faster (docs/maintainers/fast-paths.md).
 NATIVE_MIN_ENVS = 6
 
 
@@ -189,10 +190,21 @@ def _make_gymnasium_vec_env(
 def make_training_envs(cfg: CommonConfig, algo: str) -> gym.vector.VectorEnv:
     """The vector env of a training run of `algo`, as its config says (no step infos:
     training reads none)."""
-    return make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
+    envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
                         cfg.max_episode_steps, algo, infos=False,
                         sticky_actions=cfg.sticky_actions,
                         fire_on_life_loss=cfg.fire_on_life_loss)  # fmt: skip
+    return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
+
+
+class TruncationAsTermination(gym.vector.VectorWrapper):
+    """Reports every truncation as a termination (--truncation-as-termination): learners
+    then cut the bootstrap at time limits, as some published code does. Episodes still end
+    where they ended; only the flag changes."""
+
+    def step(self, actions: Any) -> tuple[Any, ...]:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        return obs, reward, terminated | truncated, np.zeros_like(truncated), info
 
 
 class EpisodeStats:

@@ -1,5 +1,5 @@
 """The fast paths: what makes rlstore fast, each behind a small name, each with an
-equivalence test in tests/test_fast.py; docs/fast-paths.md says what each buys.
+equivalence test in tests/test_fast.py; docs/maintainers/fast-paths.md says what each buys.
 
 The networks, storage and algorithms read as the reference math and call these:
 

@@ -105,7 +105,7 @@ def auto_threads(cnn: bool) -> int:
     """--torch-threads auto: one thread for the small MLPs (a second does not speed them up),
     every core for a CNN policy (Atari), whose convolutions do gain from them. Idle threads
     sleep (OMP_WAIT_POLICY=PASSIVE, set in rlstore/__init__.py), so several CNN runs sharing
-    the cores do not collapse as with spinning threads (docs/atari.md has the figures)."""
+    the cores do not collapse as with spinning threads (docs/guides/atari.md has the figures)."""
     if not cnn:
         return 1
     try:

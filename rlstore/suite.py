@@ -1,6 +1,6 @@
 """`rlstore benchmark SUITE`: every run of a suite, its results table and its curves.
 
-A suite is a TOML file (configs/suites/ has the shipped ones; docs/benchmarks.md the
+A suite is a TOML file (configs/suites/ has the shipped ones; docs/results/classic.md the
 format): rows of algorithm x env x seeds x budget, optional config overrides, and per row
 an optional reference band of the score with its source. The runs go to OUT/runs as
 ordinary run directories, at most `workers` at a time; a second start skips the finished
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import platform
+import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +26,14 @@ import tomllib
 
 from rlstore.config import PRESET_DIR, validate
 from rlstore.errors import UsageError
-from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, check_workers, read_summary
+from rlstore.executor import (
+    LocalExecutor,
+    RayExecutor,
+    RunSpec,
+    available_cores,
+    check_workers,
+    read_summary,
+)
 from rlstore.text import plural
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "row")
@@ -136,7 +145,7 @@ def load_suite(path: Path) -> Suite:
             )
         )
     if not rows:
-        raise UsageError(f"{where} has no [[row]]; see docs/benchmarks.md for the format")
+        raise UsageError(f"{where} has no [[row]]; see docs/results/classic.md for the format")
     seen = set()
     for row in rows:
         if (row.name, row.env) in seen:
@@ -215,6 +224,7 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "band": list(row.band) if row.band else None,
         "source": row.source,
         "below_band": bool(row.band is not None and mean < row.band[0]),
+        "above_band": bool(row.band is not None and mean > row.band[1]),
         "threshold": row.threshold,
         "need": row.need,
         "reached": len(reached),
@@ -226,10 +236,30 @@ def row_result(row: Row, runs: list[dict]) -> dict:
     }
 
 
-def results_markdown(suite: Suite, rows: list[dict]) -> str:
+def made_where() -> str:
+    """'rlstore 0.1.0 at commit abc1234 on x86_64, 2 cores, 2026-12-01': what a results page
+    was made with (the commit when rlstore runs from a git checkout)."""
+    from rlstore import __version__
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+            capture_output=True, text=True, timeout=5,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    at = f" at commit {commit}" if commit else ""
+    cores = plural(available_cores(), "core")
+    return (
+        f"rlstore {__version__}{at} on {platform.machine()}, {cores}, {time.strftime('%Y-%m-%d')}"
+    )
+
+
+def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
     lines = [
         f"# Benchmark: {suite.name}",
         "",
+        *([f"Made by `rlstore benchmark {suite.name}` with {made}.", ""] if made else []),
         f"Score: per seed, the mean of the last {suite.window} training episode returns; per "
         "row, the mean +- std (population) over seeds. Steps to threshold: the median over "
         f"the seeds that got there of the first env step where the mean of the last "
@@ -248,7 +278,12 @@ def results_markdown(suite: Suite, rows: list[dict]) -> str:
             steps = f"{r['steps_to_threshold']:,.0f}, " if r["reached"] else ""
             to = steps + reached
         judged = r["band"] or r["need"]
-        verdict = "BELOW" if r["below_band"] or r["too_few_reached"] else ("ok" if judged else "-")
+        if r["below_band"] or r["too_few_reached"]:
+            verdict = "BELOW"
+        elif r.get("above_band"):
+            verdict = "above"  # better than the reference: not an error, but not alike either
+        else:
+            verdict = "ok" if judged else "-"
         lines.append(
             f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
             f"{r['score_mean']:.1f} +- {r['score_std']:.1f} | {band} | {to} | "
@@ -328,7 +363,7 @@ def benchmark(
                 )
             runs.append(run_result(read_summary(run_dir), suite.window, row.threshold))
         rows.append(row_result(row, runs))
-    text = results_markdown(suite, rows)
+    text = results_markdown(suite, rows, made_where())
     (out_dir / "results.md").write_text(text)
     (out_dir / "results.json").write_text(json.dumps({"suite": suite.name, "rows": rows}, indent=1))
     print(text, end="")

@@ -5,7 +5,7 @@ an ordinary run directory (OUT/trials/<trial id>/...), and scores the mean over 
 of each run's mean return over its last 100 training episodes. For early stopping (ASHA)
 the trial reports `reports` intermediate scores during its first seed (the mean of the
 last 100 returns at evenly spaced steps), then its final score; bad trials stop after
-their first seed's early reports. The spec format is in docs/sweeps.md.
+their first seed's early reports. The spec format is in docs/guides/many-runs.md.
 
 OUT/best.toml holds the best finished trial's settings: `rlstore train ALGO --config
 OUT/best.toml --seed N` is that trial's run of seed N, exactly. Stopped and started again,

@@ -7,23 +7,23 @@ PPO, a MuJoCo env at the continuous-control defaults).
     python scripts/benchmark.py --algos ppo --device cuda --ppo-envs 1024 --ppo-steps 2000000
     python scripts/benchmark.py --parallel 1 2 3        # K copies of one command at once
     python scripts/benchmark.py --algos ppo --env HalfCheetah-v4 --ppo-steps 100000 \
-        --out docs/benchmark-halfcheetah                 # PPO's MuJoCo defaults
+        --out docs/results/benchmark-halfcheetah                 # PPO's MuJoCo defaults
     python scripts/benchmark.py --algos ppo --env BreakoutNoFrameskip-v4 --ppo-steps 20480 \
-        --out docs/benchmark-atari                       # PPO's Atari defaults
+        --out docs/results/benchmark-atari                       # PPO's Atari defaults
 
 Each run is its own process (so imports and start-up count), runs alternate between the
 two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
 from launch until the mean return of the last 20 episodes first reaches 475 ('-' if it does
 not within the budget), and peak RSS. Then the ratios rlstore / SB3 (medians), and the floor
 of the PPO batch shape: raw env step time and policy forward time, against which rlstore's
-collect loop is compared. Writes docs/benchmark.json and docs/benchmark.md.
+collect loop is compared. Writes docs/results/benchmark.json and docs/results/benchmark.md.
 
 --parallel K...: runs K copies of `rlstore train ALGO --env CartPole-v1 --total-timesteps
 N` as users run it (the console command, default options and threads, seeds 1..K) at the
 same time, for each K, and reports the aggregate env steps/s (the sum of the copies' own
 steps/s) and the wall time. Runs sharing the cores must not collapse: the aggregate at K = 3
-on 2 cores should be at least the K = 1 figure. Writes docs/parallel-latest.md and .json
-(docs/parallel.md holds the before/after figures).
+on 2 cores should be at least the K = 1 figure. Writes docs/results/parallel-latest.md and .json
+(docs/results/parallel.md holds the before/after figures).
 
 --env BreakoutNoFrameskip-v4 (PPO only, any Atari id): rlstore at its Atari defaults (8 envs
 x 128 steps, 4 epochs x 4 minibatches, the Nature CNN, ale-py's vector env), SB3's PPO
@@ -315,7 +315,7 @@ def child_main(spec: dict) -> None:
 SUMMARY = re.compile(r": ([\d,]+) steps in ([\d.]+) s \(([\d,]+) steps/s\)")
 
 
-def run_parallel(k: int, algo: str, steps: int, extra: list[str]) -> dict:
+def run_parallel(k: int, algo: str, steps: int, extra: list[str], env: str = "CartPole-v1") -> dict:
     """K copies of one `rlstore train` command at once; each one's steps/s from its summary."""
     with tempfile.TemporaryDirectory() as logdir:
         start = time.perf_counter()
@@ -328,7 +328,7 @@ def run_parallel(k: int, algo: str, steps: int, extra: list[str]) -> dict:
                     "train",
                     algo,
                     "--env",
-                    "CartPole-v1",
+                    env,
                     "--total-timesteps",
                     str(steps),
                     "--seed",
@@ -360,7 +360,9 @@ def run_parallel(k: int, algo: str, steps: int, extra: list[str]) -> dict:
 def parallel_main(args: argparse.Namespace) -> None:
     results = []
     for k in args.parallel:
-        result = run_parallel(k, args.parallel_algo, args.parallel_steps, args.extra)
+        result = run_parallel(
+            k, args.parallel_algo, args.parallel_steps, args.extra, args.parallel_env
+        )
         results.append(result)
         print(
             f"K = {k}: aggregate {result['aggregate_sps']:,.0f} steps/s "
@@ -371,15 +373,16 @@ def parallel_main(args: argparse.Namespace) -> None:
     base = next((r["aggregate_sps"] for r in results if r["k"] == 1), None)
     command = " ".join(
         ["python scripts/benchmark.py --parallel", *map(str, args.parallel),
-         "--parallel-algo", args.parallel_algo, "--parallel-steps", str(args.parallel_steps),
+         "--parallel-algo", args.parallel_algo, "--parallel-env", args.parallel_env,
+         "--parallel-steps", str(args.parallel_steps),
          *(["--extra", *args.extra] if args.extra else [])]
     )  # fmt: skip
     lines = [
-        f"# Runs sharing the machine: {args.parallel_algo} on CartPole-v1",
+        f"# Runs sharing the machine: {args.parallel_algo} on {args.parallel_env}",
         "",
         f"`{command}` on {platform.machine()} ({os.cpu_count()} cores), "
         f"{time.strftime('%Y-%m-%d')}: K copies of `rlstore train {args.parallel_algo} --env "
-        f"CartPole-v1 --total-timesteps {args.parallel_steps}` at once, default threads.",
+        f"{args.parallel_env} --total-timesteps {args.parallel_steps}` at once, default threads.",
         "",
         "| K | aggregate steps/s | vs K = 1 | each copy's steps/s | wall s |",
         "|---|---|---|---|---|",
@@ -430,11 +433,13 @@ def main() -> None:
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
     parser.add_argument(
-        "--out", help="default docs/benchmark, or docs/parallel-latest with --parallel"
+        "--out",
+        help="default docs/results/benchmark, or docs/results/parallel-latest with --parallel",
     )
     parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
     parser.add_argument("--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn"])
     parser.add_argument("--parallel-steps", type=int, default=50_000)
+    parser.add_argument("--parallel-env", default="CartPole-v1", help="the env of --parallel")
     parser.add_argument(
         "--extra", nargs=argparse.REMAINDER, default=[], help="more flags for each copy"
     )
@@ -468,10 +473,10 @@ def main() -> None:
     asked_envs = args.ppo_envs
     args.ppo_envs = asked_envs or default_envs
     if args.parallel:
-        args.out = args.out or "docs/parallel-latest"
+        args.out = args.out or "docs/results/parallel-latest"
         parallel_main(args)
         return
-    args.out = args.out or "docs/benchmark"
+    args.out = args.out or "docs/results/benchmark"
 
     configs = dict(item.split("=", 1) for item in args.rlstore_config)
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
@@ -505,7 +510,9 @@ def main() -> None:
     floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs, env=args.env)
 
     lines = [
-        f"# Benchmark: rlstore vs stable-baselines3 on {args.env}",
+        f"# Benchmark: rlstore on {args.env}"
+        if args.no_sb3
+        else f"# Benchmark: rlstore vs stable-baselines3 on {args.env}",
         "",
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
         f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "

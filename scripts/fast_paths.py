@@ -1,6 +1,6 @@
 """What each fast path of rlstore.fast buys: each timed against the plain version it stands
 for, in one process, on the shapes of the default runs. Prints a markdown table (the one in
-docs/fast-paths.md).
+docs/maintainers/fast-paths.md).
 
     python scripts/fast_paths.py
 

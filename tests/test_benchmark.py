@@ -199,6 +199,17 @@ def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
     assert not row_result(row, runs)["too_few_reached"]
 
 
+def test_a_row_above_its_band_says_above_and_passes():
+    row = Row("ppo", "ppo", "HalfCheetah-v4", 1000, [1, 2], band=(1400, 1534.6))
+    runs = [{"score": s, "reached_at": None, "wall_seconds": 1, "steps_per_second": 1}
+            for s in (1700.0, 1768.0)]  # fmt: skip
+    result = row_result(row, runs)
+    assert result["above_band"] and not result["below_band"]
+    assert "| above |" in results_markdown(Suite("s", [row]), [result])
+    runs[1]["score"] = 1300.0  # mean 1500: inside
+    assert "| ok |" in results_markdown(Suite("s", [row]), [row_result(row, runs)])
+
+
 def shipped_suites() -> list[str]:
     return sorted(path.stem for path in (PRESET_DIR / "suites").glob("*.toml"))
 

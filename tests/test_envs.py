@@ -1,5 +1,7 @@
-"""The autoreset contract (docs/episode-boundaries.md) on real CartPole envs with a 5-step
+"""The autoreset contract (docs/reference/episode-boundaries.md) on real CartPole envs with a 5-step
 limit; vectorization choices; episode statistics."""
+
+import dataclasses
 
 import gymnasium as gym
 import numpy as np
@@ -148,3 +150,27 @@ def test_episode_stats_hand_computed():
     returns, _ = stats.update(r, no, no)  # env 1 pseudo-step, env 0 goes on
     assert returns.size == 0
     assert stats.returns.tolist() == [2.0, 0.0] and stats.lengths.tolist() == [2, 0]
+
+
+def test_truncation_as_termination_reports_time_limits_as_terminations(tmp_path):
+    """--truncation-as-termination: the same stream, with every truncation reported as a
+    termination (and none as a truncation), so that learners cut the bootstrap there."""
+    from rlstore.config import PPOConfig
+    from rlstore.envs import make_training_envs
+
+    cfg = PPOConfig(env_id="CartPole-v1", num_envs=3, max_episode_steps=15, seed=4)
+    plain = make_training_envs(cfg, "ppo")
+    cut = make_training_envs(dataclasses.replace(cfg, truncation_as_termination=True), "ppo")
+    plain.reset(seed=4)
+    cut.reset(seed=4)
+    truncations = 0
+    for _ in range(100):
+        action = plain.action_space.sample()
+        obs, reward, term, trunc, _ = plain.step(action)
+        obs2, reward2, term2, trunc2, _ = cut.step(action)
+        np.testing.assert_array_equal(obs, obs2)
+        np.testing.assert_array_equal(reward, reward2)
+        np.testing.assert_array_equal(term2, term | trunc)
+        assert not trunc2.any()
+        truncations += int(trunc.sum())
+    assert truncations > 0

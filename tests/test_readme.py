@@ -7,16 +7,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_python_examples_run(tmp_path, monkeypatch):
+def test_storage_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    page = (ROOT / "docs" / "reference" / "storage.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
     rollout = next(b for b in blocks if "RolloutStorage(" in b)
     replay = next(b for b in blocks if "ReplayBuffer(" in b)
     namespace: dict = {}
-    exec(compile(rollout, "README.md", "exec"), namespace)
+    exec(compile(rollout, "storage.md", "exec"), namespace)
     assert namespace["storage"].step == 0 and namespace["data"]["advantages"].ndim == 1
-    exec(compile(replay, "README.md", "exec"), namespace)
+    exec(compile(replay, "storage.md", "exec"), namespace)
     assert len(namespace["batch"].obs) == 128 and (tmp_path / "replay.pt").exists()
 
 
@@ -29,7 +29,7 @@ def test_ci_runs_the_readme_test_command():
 def test_docs_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ran = 0
-    for page in sorted((ROOT / "docs").glob("*.md")):
+    for page in sorted((ROOT / "docs").rglob("*.md")):
         for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
             exec(compile(block, str(page), "exec"), {})
             ran += 1
@@ -37,11 +37,13 @@ def test_docs_python_examples_run(tmp_path, monkeypatch):
 
 
 def test_docs_suite_and_sweep_examples_load(tmp_path):
-    """The suite and sweep formats in docs/many-runs.md are what the loaders accept."""
+    """The suite and sweep formats in docs/guides/many-runs.md are what the loaders accept."""
     from rlstore.suite import load_suite
     from rlstore.sweep import load_spec
 
-    blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "docs" / "many-runs.md").read_text(), re.S)
+    blocks = re.findall(
+        r"```toml\n(.*?)```", (ROOT / "docs" / "guides" / "many-runs.md").read_text(), re.S
+    )
     suite, spec = tmp_path / "suite.toml", tmp_path / "sweep.toml"
     suite.write_text(next(b for b in blocks if "[[row]]" in b))
     spec.write_text(next(b for b in blocks if "[space]" in b))

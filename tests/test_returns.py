@@ -1,4 +1,4 @@
-"""GAE and returns: the hand-computed oracle of docs/episode-boundaries.md, and a naive
+"""GAE and returns: the hand-computed oracle of docs/reference/episode-boundaries.md, and a naive
 reference on random inputs."""
 
 import numpy as np

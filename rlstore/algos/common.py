@@ -77,7 +77,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
     """Fill the storage with one rollout, acting with the current policy. With
     normalization on, the storage gets normalized observations and scaled rewards, and the
     run's episode statistics the env's own rewards. Atari: rewards are learnt by their sign
-    (cfg.sign_rewards) and a lost life cuts the bootstrap (docs/episode-boundaries.md)."""
+    (cfg.sign_rewards) and a lost life cuts the bootstrap (docs/reference/episode-boundaries.md)."""
     envs, obs_norm = state.envs, state.obs_normalizer
     reward_scale = state.parts.get("reward_scaler")
     sign_rewards = run.cfg.sign_rewards

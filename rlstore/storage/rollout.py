@@ -3,7 +3,7 @@
 Layout: preallocated tensors of shape (num_steps, num_envs, ...) on one device, written in
 place; `obs` has one extra row so that obs[t + 1] is the observation after step t.
 
-Episode boundaries (docs/episode-boundaries.md) under Gymnasium's NEXT_STEP autoreset:
+Episode boundaries (docs/reference/episode-boundaries.md) under Gymnasium's NEXT_STEP autoreset:
 - the observation returned with a done step is the episode's final observation, so the
   bootstrap value of step t is V'_t = V(obs[t + 1]) = values[t + 1] in every case;
 - terminated and truncated are stored apart: a termination bootstraps with 0, a

@@ -1,0 +1,45 @@
+"""docs/ holds together: every link resolves, every page is in the index, and every docs
+path that code, configs, scripts or tests cite exists."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CITED = re.compile(r"docs/[A-Za-z0-9_./-]*[A-Za-z0-9_/]")
+
+
+def test_every_link_in_readme_and_docs_resolves():
+    broken = []
+    for page in [ROOT / "README.md", *PAGES]:
+        for target in LINK.findall(page.read_text()):
+            if target.startswith(("http://", "https://", "#", "mailto:")):
+                continue
+            if not (page.parent / target.split("#")[0]).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def test_every_docs_page_is_in_the_index():
+    index = (DOCS / "README.md").read_text()
+    linked = {(DOCS / target).resolve() for target in LINK.findall(index)}
+    missing = [str(p.relative_to(DOCS)) for p in PAGES if p.name != "README.md"]
+    assert [p for p in missing if (DOCS / p).resolve() not in linked] == []
+
+
+def test_every_docs_path_cited_exists():
+    cited = []
+    sources = [ROOT / "README.md", *PAGES, *(ROOT / "configs").rglob("*.toml")]
+    for folder in ("rlstore", "scripts", "tests", ".ci"):
+        sources += [p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".sh", "")]
+    for source in sources:
+        if not source.is_file():
+            continue
+        for path in CITED.findall(source.read_text()):
+            target = ROOT / path
+            # a script's output prefix (docs/results/benchmark) names its .md and .json
+            if not (target.exists() or target.with_suffix(".md").exists()):
+                cited.append(f"{source.relative_to(ROOT)}: {path}")
+    assert not cited, cited
