@@ -41,7 +41,10 @@ def missing_extra(name: str) -> str:
     """The one-line error for an env whose optional dependency is not installed."""
     for prefix, needs, extra in EXTRAS:
         if name.startswith(prefix):
-            return f'needs {needs}, which is not installed: pip install "rlstore[{extra}]"'
+            return (
+                f'needs {needs}, which is not installed: pip install "rlstore[{extra}]" '
+                f'(in a clone: pip install -e ".[{extra}]")'
+            )
     return "needs a package that is not installed"
 
 

@@ -39,6 +39,8 @@ from rlstore.errors import TrainingInterrupted, UsageError
 if TYPE_CHECKING:
     from rlstore.run import Run
 
+RUNS_AT_ONCE = "RLSTORE_RUNS_AT_ONCE"  # runs sharing this machine, for --torch-threads auto
+
 # Fields a run directory may differ in and still be the same run (a shorter run is extended
 # to a larger total_timesteps by resuming it).
 NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads", "total_timesteps")
@@ -182,7 +184,7 @@ class LocalExecutor:
             while pending or running:
                 while pending and not stopped and len(running) < self.workers:
                     spec = pending.pop(0)
-                    running[_start_child(spec)] = spec
+                    running[_start_child(spec, self.workers)] = spec
                 for child in [c for c in running if c.poll() is not None]:
                     on_done(running.pop(child), child.returncode)
                 time.sleep(0.05)
@@ -192,13 +194,17 @@ class LocalExecutor:
         return stopped[0] if stopped else None
 
 
-def _start_child(spec: RunSpec) -> subprocess.Popen:
+def _start_child(spec: RunSpec, runs_at_once: int) -> subprocess.Popen:
+    """Start the child that completes `spec`, told how many runs share its machine (its
+    `--torch-threads auto` divides the cores among them)."""
+    env = {**os.environ, RUNS_AT_ONCE: str(runs_at_once)}
     # its own session: a Ctrl-C reaches it once, through the executor
     log = open(spec.log_file, "a") if spec.log_file else subprocess.DEVNULL  # noqa: SIM115
     try:
         return subprocess.Popen(
-            child_command(spec), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            child_command(spec), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+        )  # fmt: skip
     finally:
         if spec.log_file:
             log.close()
@@ -340,7 +346,7 @@ def _complete_in_child(spec: RunSpec) -> int:
     Path(spec.logdir).mkdir(parents=True, exist_ok=True)
     if spec.log_file:
         Path(spec.log_file).parent.mkdir(parents=True, exist_ok=True)
-    child = _start_child(spec)
+    child = _start_child(spec, available_cores())  # a task of one CPU: one thread
     try:
         return child.wait()
     except KeyboardInterrupt:  # ray.cancel: let the run checkpoint, then stop

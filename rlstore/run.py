@@ -102,16 +102,23 @@ def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
 
 
 def auto_threads(cnn: bool) -> int:
-    """--torch-threads auto: one thread for the small MLPs (a second does not speed them up),
-    every core for a CNN policy (Atari), whose convolutions do gain from them. Idle threads
-    sleep (OMP_WAIT_POLICY=PASSIVE, set in rlstore/__init__.py), so several CNN runs sharing
-    the cores do not collapse as with spinning threads (docs/guides/atari.md has the figures)."""
+    """--torch-threads auto: one thread for the small MLPs (a second does not speed them up);
+    for a CNN policy (Atari), whose convolutions do gain from more, the cores divided by the
+    runs that share them: RLSTORE_RUNS_AT_ONCE, which the executors of `rlstore benchmark`
+    and `rlstore sweep` set (1 for a run started by hand). Idle threads sleep
+    (OMP_WAIT_POLICY=PASSIVE, set in rlstore/__init__.py), so runs started by hand side by
+    side do not collapse either (docs/guides/atari.md)."""
     if not cnn:
         return 1
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        runs = max(1, int(os.environ.get("RLSTORE_RUNS_AT_ONCE", "1")))
+    except ValueError:
+        runs = 1
+    return max(1, cores // runs)
 
 
 def check_writable_dir(path: Path) -> None:

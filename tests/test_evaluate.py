@@ -130,10 +130,12 @@ def test_eval_bad_input(tmp_path, capsys):
 
 
 @needs("video", "moviepy", "pygame")
-def test_eval_records_a_video_when_moviepy_is_installed(tmp_path):
+def test_eval_records_a_video_when_moviepy_is_installed(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "not-there"))  # no display, no session
     _, cfg = SETUPS["ppo"]
     run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
     assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0
     assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0  # a second file
+    assert "XDG_RUNTIME_DIR" not in capfd.readouterr().err  # SDL's complaint stays out
     names = sorted(p.name for p in (run_dir / "videos").glob("*.mp4"))
     assert names == ["model-deterministic-1-episode-0.mp4", "model-deterministic-episode-0.mp4"]
