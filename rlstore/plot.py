@@ -177,8 +177,9 @@ def plot(
     Returns the groups (print `describe(group)` to say what was grouped)."""
     if smooth_window < 1 or points < 2:
         raise UsageError("--smooth must be at least 1 and --points at least 2")
+    runs = find_runs(paths)
     plt = _pyplot() if png else None  # before anything is written
-    groups = group_runs(find_runs(paths), tag, smooth_window)
+    groups = group_runs(runs, tag, smooth_window)
     table = [aggregate(group.curves, points) for group in groups]
     if csv_path:
         with open(csv_path, "w", newline="") as f:

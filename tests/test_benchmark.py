@@ -229,7 +229,7 @@ def test_shipped_suites_load_and_name_their_sources():
         for row in suite.rows:
             assert row.band is None or row.source, f"{name}: {row.name} has a band, no source"
     # `rlstore benchmark --help` names them all
-    suite_help = inspect.getsource(BenchmarkArgs).split("suite: tyro.conf.Positional[str]")[1]
+    suite_help = inspect.getsource(BenchmarkArgs).split("suite: Annotated[str")[1]
     suite_help = suite_help.split('"""')[1]
     assert all(name in suite_help for name in names), suite_help
     classic = load_suite(find_suite("classic"))

@@ -240,7 +240,7 @@ def test_box2d_presets_name_their_source():
         assert "RL Baselines3 Zoo" in text and "hyperparams/" in text
     # A2C's zoo values did not learn LunarLander-v3: the preset says so and whose it is
     text = (config.PRESET_DIR / "a2c/LunarLander-v3.toml").read_text()
-    assert "RL Baselines3 Zoo" in text and "values are rlstore's" in text
+    assert "RL Baselines3 Zoo" in text and "rlstore's own values" in text
     cfg, _ = config.resolve("dqn", "LunarLander-v3")
     assert cfg.q_hidden == (256, 256) and cfg.loss == "huber"
 
