@@ -186,10 +186,6 @@ class PPOConfig(OnPolicyConfig):
     target_kl: Positive | None = None
     """Stop the update epochs early when the approximate KL exceeds this."""
 
-    @property
-    def minibatch_size(self) -> int:
-        return self.rollout_size // self.num_minibatches
-
 
 @dataclass
 class A2CConfig(OnPolicyConfig):
@@ -294,6 +290,12 @@ def preset_path(algo: str, env_id: str) -> Path:
 
 def _file_name(env_id: str) -> str:
     return env_id.replace("/", "_").replace(":", "_")
+
+
+def run_dir_prefix(env_id: str, name: str, seed: int) -> str:
+    """The start of a run directory's name, {env}__{name}__{seed}__, before its unix time
+    (one owner: runs make it, executors look for it)."""
+    return f"{_file_name(env_id)}__{name}__{seed}__"
 
 
 def _strip_annotated(tp: Any) -> Any:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlstore.config import CommonConfig, resolve
+from rlstore.config import CommonConfig, resolve, run_dir_prefix
 from rlstore.errors import TrainingInterrupted, UsageError
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class RunSpec:
 
     def directories(self) -> list[Path]:
         """Run directories of this run under logdir, newest first (normally one)."""
-        stem = f"{self.env_id.replace('/', '_').replace(':', '_')}__{self.name}__{self.seed}__"
+        stem = run_dir_prefix(self.env_id, self.name, self.seed)
         found = [p for p in Path(self.logdir).glob(stem + "*") if (p / "config.json").is_file()]
         return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 

@@ -44,7 +44,7 @@ from rlstore.checkpoint import (
     write_policy,
     write_summary,
 )
-from rlstore.config import CommonConfig, shipped_budget, validate
+from rlstore.config import CommonConfig, run_dir_prefix, shipped_budget, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.fast import flush_denormals, skip_dynamo_import
@@ -170,10 +170,7 @@ def seed_everything(seed: int) -> None:
 
 def new_run_dir(logdir: str, env_id: str, name: str, seed: int) -> Path:
     """runs/{env}__{name}__{seed}__{unix time}, never an existing directory."""
-    base = (
-        Path(logdir)
-        / f"{env_id.replace('/', '_').replace(':', '_')}__{name}__{seed}__{int(time.time())}"
-    )
+    base = Path(logdir) / f"{run_dir_prefix(env_id, name, seed)}{int(time.time())}"
     path, n = base, 1
     while path.exists():
         path, n = Path(f"{base}_{n}"), n + 1
