@@ -20,8 +20,10 @@ The networks, storage and algorithms read as the reference math and call these:
 - flush_denormals: DQN's Adam moments of dead ReLU units decay into denormal floats,
   where CPU arithmetic is several times slower.
 
-Each does the same arithmetic, in the same order, as the plain version it replaces,
-except HostActorCritic: numpy's float32 kernels and RNG instead of torch's.
+Most do the same arithmetic, in the same order, as the plain version they replace, and
+their tests ask for equal bits. HostActorCritic and the Host*Step updates do not: they
+compute in numpy's float32 kernels (and HostActorCritic samples from numpy's RNG), equal
+to torch's to rounding, and their tests say so.
 """
 
 from __future__ import annotations

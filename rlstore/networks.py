@@ -1,5 +1,6 @@
 """Networks: the actor-critic of PPO and A2C and the Q-network of DQN, and the policy spec
-that rebuilds either from model.pt. They know nothing about storage or envs."""
+that rebuilds either from model.pt. They know nothing about storage; of envs, only what
+the policy spec reads from their spaces (which network an observation space gets)."""
 
 from __future__ import annotations
 

@@ -65,16 +65,17 @@ class ReplayBatch(NamedTuple):
     rewards: the n-step discounted reward sums; discounts: gamma^k with the real window
     length k; terminated: whether the window ended with a termination. weights are the
     importance weights (ones without prioritized replay); indices go to update_priorities.
+    `sample` fills it with tensors, `sample_host` with numpy arrays.
     """
 
-    obs: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    next_obs: torch.Tensor
-    terminated: torch.Tensor
-    discounts: torch.Tensor
-    weights: torch.Tensor
-    indices: torch.Tensor
+    obs: torch.Tensor | np.ndarray
+    actions: torch.Tensor | np.ndarray
+    rewards: torch.Tensor | np.ndarray
+    next_obs: torch.Tensor | np.ndarray
+    terminated: torch.Tensor | np.ndarray
+    discounts: torch.Tensor | np.ndarray
+    weights: torch.Tensor | np.ndarray
+    indices: torch.Tensor | np.ndarray
 
 
 def _numel(shape: tuple[int, ...]) -> int:
