@@ -47,6 +47,7 @@ from rlstore.checkpoint import (
 from rlstore.config import CommonConfig, run_dir_prefix, shipped_budget, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.executor import RUNS_AT_ONCE
 from rlstore.fast import flush_denormals, skip_dynamo_import
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural, size
@@ -115,7 +116,7 @@ def auto_threads(cnn: bool) -> int:
     except AttributeError:  # macOS
         cores = os.cpu_count() or 1
     try:
-        runs = max(1, int(os.environ.get("RLSTORE_RUNS_AT_ONCE", "1")))
+        runs = max(1, int(os.environ.get(RUNS_AT_ONCE, "1")))
     except ValueError:
         runs = 1
     return max(1, cores // runs)
