@@ -196,3 +196,29 @@ def test_cli_smoke(flags, logdir):
             "charts/SPS",
             "charts/episodic_return",
         } <= set(events.Tags()["scalars"])
+
+
+def test_the_buffer_check_counts_observations_where_the_buffer_lives(monkeypatch):
+    """With --buffer-device cuda the observations go to the GPU's memory, the rest to the
+    host's; each is checked against its own device (no GPU needed: memory is faked)."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from rlstore import run
+    from rlstore.algos.dqn import check_buffer_fits
+    from rlstore.config import DQNConfig
+    from rlstore.errors import UsageError
+    from rlstore.storage.replay import ReplayBuffer
+
+    cfg = DQNConfig(buffer_size=100_000)
+    space = gym.spaces.Box(-1, 1, (64,), np.float32)
+    obs_bytes, host_bytes = ReplayBuffer.memory_bytes(100_000, 1, (64,), np.float32)
+    free = {"cpu": host_bytes + 1, "cuda": obs_bytes - 1}
+    monkeypatch.setattr(run, "available_memory", lambda device: free[device.type])
+    with pytest.raises(UsageError, match="of cuda memory.*--buffer-device cpu"):
+        check_buffer_fits(cfg, space, torch.device("cuda"), frames=False)
+    free["cuda"] = obs_bytes
+    check_buffer_fits(cfg, space, torch.device("cuda"), frames=False)  # fits exactly
+    with pytest.raises(UsageError, match="of host memory"):  # all of it on the host
+        check_buffer_fits(cfg, space, torch.device("cpu"), frames=False)

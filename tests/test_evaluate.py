@@ -139,3 +139,22 @@ def test_eval_records_a_video_when_moviepy_is_installed(tmp_path, monkeypatch, c
     assert "XDG_RUNTIME_DIR" not in capfd.readouterr().err  # SDL's complaint stays out
     names = sorted(p.name for p in (run_dir / "videos").glob("*.mp4"))
     assert names == ["model-deterministic-1-episode-0.mp4", "model-deterministic-episode-0.mp4"]
+
+
+def test_eval_samples_only_when_asked(tmp_path, monkeypatch):
+    """--stochastic reaches the policy call; the default takes the mode."""
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    seen = set()
+    real_call = rlstore.Policy.__call__
+
+    def watched(self, obs, deterministic=True):
+        seen.add(deterministic)
+        return real_call(self, obs, deterministic)
+
+    monkeypatch.setattr(rlstore.Policy, "__call__", watched)
+    assert main(["eval", str(run_dir), "--episodes", "1"]) == 0
+    assert seen == {True}
+    seen.clear()
+    assert main(["eval", str(run_dir), "--episodes", "1", "--stochastic"]) == 0
+    assert seen == {False}

@@ -163,3 +163,15 @@ def test_plot_with_no_argument_says_what_it_expects(capsys):
     assert main(["plot"]) == 2
     err = capsys.readouterr().err
     assert "give run directories, folders holding runs, or globs: rlstore plot runs/" in err
+
+
+def test_no_png_writes_only_the_csv_and_smoothing_defaults_to_ten(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    default, ten = tmp_path / "default.csv", tmp_path / "ten.csv"
+    assert main(["plot", str(runs), "--csv", str(default), "--no-png"]) == 0
+    assert not (tmp_path / "curves.png").exists()
+    assert main(["plot", str(runs), "--csv", str(ten), "--no-png", "--smooth", "10"]) == 0
+    assert read_csv(default) == read_csv(ten)
+    one = tmp_path / "one.csv"
+    assert main(["plot", str(runs), "--csv", str(one), "--no-png", "--smooth", "1"]) == 0
+    assert read_csv(one) != read_csv(default)
