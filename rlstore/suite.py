@@ -1,6 +1,6 @@
 """`rlstore benchmark SUITE`: every run of a suite, its results table and its curves.
 
-A suite is a TOML file (configs/suites/ has the shipped ones; docs/results/classic.md the
+A suite is a TOML file (configs/suites/ has the shipped ones; docs/guides/many-runs.md the
 format): rows of algorithm x env x seeds x budget, optional config overrides, and per row
 an optional reference band of the score with its source. The runs go to OUT/runs as
 ordinary run directories, at most `workers` at a time; a second start skips the finished
@@ -145,7 +145,7 @@ def load_suite(path: Path) -> Suite:
             )
         )
     if not rows:
-        raise UsageError(f"{where} has no [[row]]; see docs/results/classic.md for the format")
+        raise UsageError(f"{where} has no [[row]]; see docs/guides/many-runs.md for the format")
     seen = set()
     for row in rows:
         if (row.name, row.env) in seen:
