@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import io
 import json
 import re
@@ -23,9 +22,8 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from rlstore import __version__
+from rlstore import __version__, algos
 from rlstore.config import (
-    CONFIG_CLASSES,
     PRESET_DIR,
     apply_overrides,
     describe_config,
@@ -44,9 +42,8 @@ usage: rlstore {train,presets,resume,eval,benchmark,plot,sweep} ... | rlstore --
 rlstore: a reference RL trainer built around correct, resumable storage.
 
 commands:
-  train ppo    Proximal Policy Optimization
-  train a2c    Advantage Actor-Critic
-  train dqn    Deep Q-Network (Double, dueling, n-step, prioritized replay as options)
+  train ALGO --env ID   train an algorithm: {algos} (`rlstore train --help` says
+               what each is)
   train ALGO --env ID --print-config   the resolved config and where each value came from
   presets      every shipped preset: algorithm, envs, values, source
   resume DIR   continue an interrupted run from its newest checkpoint
@@ -169,15 +166,18 @@ def parse_train(args: list[str]):
     """Parse `<algo> [flags]` into a config; presets and --config give the defaults."""
     if any(a == "--resume" or a.startswith("--resume=") for a in args):
         raise UsageError("to continue a run, use `rlstore resume runs/<dir>` (it reads the config)")
-    algos = ", ".join(CONFIG_CLASSES)
+    names = ", ".join(algos.names())
     if not args or args[0] in ("-h", "--help"):
         if args:  # the algorithms and how to get each one's flags
-            print(USAGE, end="")
+            print("usage: rlstore train ALGO --env ID [flags]; the algorithms:")
+            for algorithm in algos.all_algorithms():
+                print(f"  train {algorithm.name:<6} {algorithm.summary}")
+            print("`rlstore train ALGO --help` lists its flags and defaults.")
             raise SystemExit(0)
-        raise UsageError(f"name an algorithm: rlstore train {{{algos}}} --env ENV_ID")
+        raise UsageError(f"name an algorithm: rlstore train {{{names}}} --env ENV_ID")
     algo, flags = args[0], args[1:]
     if algo.startswith("-"):
-        raise UsageError(f"name the algorithm first: rlstore train {{{algos}}} {' '.join(args)}")
+        raise UsageError(f"name the algorithm first: rlstore train {{{names}}} {' '.join(args)}")
     prog = f"rlstore train {algo}"
     if "-h" in flags or "--help" in flags:  # the plain defaults, and the presets that change them
         cls = resolve(algo)[0].__class__
@@ -295,9 +295,9 @@ def parse_resume(args: list[str]):
             f"{run_dir} is not a run directory (it has no config.json); give runs/<dir>"
         )
     algo = json.loads(record_path.read_text()).get("algo")
-    if algo not in CONFIG_CLASSES:
-        raise UsageError(f"{record_path} names no known algorithm ({algo!r})")
-    cfg = apply_overrides(CONFIG_CLASSES[algo](), read_config(record_path), str(record_path))
+    if not isinstance(algo, str):
+        raise UsageError(f"{record_path} names no algorithm")
+    cfg = apply_overrides(algos.get(algo).config(), read_config(record_path), str(record_path))
     # The options that do not change the algorithm; the rest is the run's own.
     changes = {"progress": parsed.progress}
     for name in ("total_timesteps", "device", "torch_threads"):
@@ -312,7 +312,7 @@ def parse_resume(args: list[str]):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        print(USAGE.replace("{algos}", ", ".join(algos.builtin_names())), end="")
         return 0 if args else 2
     if args[0] == "--version":
         print(f"rlstore {__version__}")
@@ -373,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                          parsed.gpus_per_trial)  # fmt: skip
         else:
             raise UsageError(f"unknown command '{command}'; try `rlstore --help`")
-        module = importlib.import_module(f"rlstore.algos.{algo}")
-        module.train(cfg, preset, resume=from_run)
+        algos.get(algo).train(cfg, preset, resume=from_run)
     except UsageError as e:
         print(f"rlstore: error: {e}", file=sys.stderr)
         return 2

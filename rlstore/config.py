@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import tomllib
 import tyro
 
+from rlstore import algos
 from rlstore.errors import UsageError
 
 
@@ -104,6 +105,20 @@ class CommonConfig:
     """Write a checkpoint every this many env steps (0: only at the end and on SIGINT/SIGTERM)."""
     keep_checkpoints: Count = 3
     """Keep the newest K checkpoints."""
+    fast_paths: Literal["auto", "off"] = "auto"
+    """auto: rlstore's fast paths wherever they apply (numpy twins of the small networks'
+    steps, lean env loops: docs/maintainers/fast-paths.md); off: the readable torch code and
+    Gymnasium's own vector envs everywhere, the reference the fast paths are tested
+    against (the same algorithm, slower; results differ from auto's by rounding)."""
+
+    @property
+    def use_fast_paths(self) -> bool:
+        """Whether the fast paths may run (fast_paths = "auto")."""
+        return self.fast_paths == "auto"
+
+    def check(self) -> None:
+        """The checks of field combinations of this config class (validate() calls it after
+        checking each field's range); subclasses add theirs."""
 
     @property
     def iteration_steps(self) -> int:
@@ -168,100 +183,16 @@ class OnPolicyConfig(CommonConfig):
     def steps_run(self) -> int:
         return self.num_iterations * self.rollout_size
 
-
-@dataclass
-class PPOConfig(OnPolicyConfig):
-    """Proximal Policy Optimization (clipped objective, GAE, minibatch updates)."""
-
-    num_minibatches: Count = 4
-    """Minibatches per epoch."""
-    update_epochs: Count = 4
-    """Epochs over each rollout."""
-    clip_coef: Positive = 0.2
-    """Surrogate clipping coefficient."""
-    clip_vloss: bool = True
-    """Clip the value loss around the old value estimates."""
-    adam_eps: Positive = 1e-5
-    """Adam epsilon."""
-    target_kl: Positive | None = None
-    """Stop the update epochs early when the approximate KL exceeds this."""
+    def check(self) -> None:
+        super().check()
+        if self.total_timesteps < self.rollout_size:
+            raise UsageError(
+                f"--total-timesteps {self.total_timesteps} is smaller than one rollout "
+                f"(num_envs x num_steps = {self.rollout_size}); raise --total-timesteps or "
+                "lower --num-steps"
+            )
 
 
-@dataclass
-class A2CConfig(OnPolicyConfig):
-    """Advantage Actor-Critic (synchronous, one update per rollout)."""
-
-    # The published A2C settings differ from PPO's here (OpenAI baselines, SB3):
-    learning_rate: Positive = 7e-4
-    anneal_lr: bool = False
-    num_steps: Count = 5
-    gae_lambda: Fraction = 1.0
-    norm_adv: bool = False
-    rmsprop_alpha: Fraction = 0.99
-    """RMSprop smoothing constant."""
-    rmsprop_eps: Positive = 1e-5
-    """RMSprop epsilon."""
-
-
-@dataclass
-class DQNConfig(CommonConfig):
-    """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
-
-    num_envs: Count = 1
-    """Number of parallel environments (step counters count env steps, summed over envs)."""
-    learning_rate: Positive = 2.5e-4
-    """Adam learning rate."""
-    buffer_size: Count = 10_000
-    """Replay buffer capacity in transitions."""
-    buffer_device: str = "auto"
-    """Where the replay buffer lives: auto (the training device), cpu or cuda."""
-    gamma: Fraction = 0.99
-    """Discount factor."""
-    tau: Annotated[float, Bound(0, 1, low_open=True)] = 1.0
-    """Target network update rate: 1.0 is a hard copy, less is a soft (Polyak) update."""
-    target_network_frequency: Count = 500
-    """Env steps between target network updates."""
-    batch_size: Count = 128
-    """Transitions per gradient step."""
-    start_e: Fraction = 1.0
-    """Exploration epsilon at the start."""
-    end_e: Fraction = 0.05
-    """Exploration epsilon at the end of the decay."""
-    exploration_fraction: Fraction = 0.5
-    """Fraction of total_timesteps over which epsilon decays linearly from start_e to end_e."""
-    learning_starts: NonNegativeInt = 10_000
-    """Env steps of pure collection before the first gradient step."""
-    train_frequency: Count = 10
-    """Env steps between training phases."""
-    gradient_steps: Count = 1
-    """Gradient steps per training phase."""
-    loss: Literal["mse", "huber"] = "mse"
-    """TD loss: mean squared error or Huber (smooth L1)."""
-    max_grad_norm: Positive | None = None
-    """Clip the gradient norm to this value (no clipping when unset)."""
-    double_dqn: bool = False
-    """Double DQN: the online network picks the next action, the target network values it."""
-    dueling: bool = False
-    """Dueling head: Q = V + A - mean(A)."""
-    q_hidden: tuple[int, ...] = (120, 84)
-    """Widths of the Q-network's hidden ReLU layers."""
-    n_step: Count = 1
-    """n-step returns (1 is the classic one-step target)."""
-    prioritized: bool = False
-    """Prioritized experience replay (proportional)."""
-    per_alpha: Fraction = 0.6
-    """PER priority exponent alpha in [0, 1] (0 is uniform)."""
-    per_beta: Fraction = 0.4
-    """PER importance-sampling exponent at the start; annealed linearly to 1 over training."""
-    per_eps: Positive = 1e-6
-    """Added to |TD error| so that no priority is zero."""
-
-
-CONFIG_CLASSES: dict[str, type[CommonConfig]] = {
-    "ppo": PPOConfig,
-    "a2c": A2CConfig,
-    "dqn": DQNConfig,
-}
 PRESET_DIR = Path(__file__).resolve().parent / "configs"  # installed: rlstore/configs
 if not PRESET_DIR.is_dir():  # a source checkout: configs/ at the repository top
     PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -373,13 +304,7 @@ def resolve(
     The CLI resolves its defaults here and applies its flags on top; scripts call it with
     their overrides: `resolve("ppo", "CartPole-v1", {"total_timesteps": 100_000})`.
     """
-    if algo not in CONFIG_CLASSES:
-        close = difflib.get_close_matches(algo, CONFIG_CLASSES, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        raise UsageError(
-            f"unknown algorithm '{algo}'; {hint}choose one of {', '.join(CONFIG_CLASSES)}"
-        )
-    cfg = CONFIG_CLASSES[algo]()
+    cfg = algos.get(algo).config()
     overrides = dict(overrides or {})
     config_arg = overrides.pop("config", None)
     env_id = env_id or overrides.get("env_id", overrides.get("env"))
@@ -423,42 +348,16 @@ def find_config_file(value: str, algo: str, env_id: str) -> Path:
 
 
 def validate(cfg: CommonConfig) -> None:
-    """Every check that needs no env and no network, in one place: each numeric field
-    against its Bound, then the combinations. Fails before anything is built."""
+    """Every check that needs no env and no network: each numeric field against its
+    Bound, then the combinations (the config class's `check`). Fails before anything is
+    built."""
     hints = typing.get_type_hints(type(cfg), include_extras=True)
     for field in dataclasses.fields(cfg):
         value = getattr(cfg, field.name)
         bound = _bound(hints[field.name])
         if bound is not None and isinstance(value, (int, float)) and not bound.holds(value):
             raise UsageError(f"{flag(field.name)} {bound.describe()} (got {value})")
-    if isinstance(cfg, OnPolicyConfig) and cfg.total_timesteps < cfg.rollout_size:
-        raise UsageError(
-            f"--total-timesteps {cfg.total_timesteps} is smaller than one rollout "
-            f"(num_envs x num_steps = {cfg.rollout_size}); raise --total-timesteps or lower "
-            "--num-steps"
-        )
-    if isinstance(cfg, PPOConfig) and cfg.rollout_size % cfg.num_minibatches:
-        raise UsageError(
-            f"--num-minibatches {cfg.num_minibatches} does not divide the rollout "
-            f"(num_envs x num_steps = {cfg.rollout_size}); pick a divisor of {cfg.rollout_size}"
-        )
-    if isinstance(cfg, DQNConfig):
-        if cfg.buffer_size < cfg.num_envs:
-            raise UsageError(
-                f"--buffer-size {cfg.buffer_size} must be at least --num-envs {cfg.num_envs}"
-            )
-        if cfg.batch_size > cfg.buffer_size:
-            raise UsageError(
-                f"--batch-size {cfg.batch_size} must lie in [1, --buffer-size "
-                f"{cfg.buffer_size}]; lower the batch size or enlarge the buffer"
-            )
-        if not cfg.q_hidden or min(cfg.q_hidden) < 1:
-            raise UsageError(f"--q-hidden needs one or more layer widths >= 1 (got {cfg.q_hidden})")
-        if cfg.learning_starts > cfg.total_timesteps:
-            raise UsageError(
-                f"--learning-starts {cfg.learning_starts} is larger than --total-timesteps "
-                f"{cfg.total_timesteps}: training would never start; lower it"
-            )
+    cfg.check()
 
 
 def flag(name: str) -> str:
@@ -494,10 +393,10 @@ FAMILY_WORDS = {"atari": "every ALE id without its own preset", "mujoco": "every
 
 def shipped_presets() -> list[PresetInfo]:
     """Every preset in configs/ (suites apart), in a stable order."""
-    presets = []
+    presets, algo_names = [], algos.names()
     for path in sorted(PRESET_DIR.glob("*/*.toml")):
         algo = path.parent.name
-        if algo not in CONFIG_CLASSES:
+        if algo not in algo_names:
             continue
         env, _, name = path.stem.partition(".")
         if env in FAMILY_WORDS:

@@ -23,6 +23,8 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from rlstore import algos
+from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
 from rlstore.errors import UsageError
@@ -78,9 +80,11 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     return spec
 
 
-def check_spaces(env_id: str, algo: str | None, obs_space: gym.Space, action_space: gym.Space):
-    """What rlstore can train on, for `algo` (None: any algorithm): MLPs over vector
-    observations; Discrete actions for DQN, Discrete or 1-d Box actions for PPO and A2C."""
+def check_spaces(
+    env_id: str, algorithm: Algorithm | None, obs_space: gym.Space, action_space: gym.Space
+) -> None:
+    """What rlstore can train on: Box observations (vectors, or frame stacks for the CNNs),
+    and the action spaces `algorithm` takes (None: any algorithm's, Discrete or a 1-d Box)."""
     if not isinstance(obs_space, spaces.Box):
         raise UsageError(f"{env_id} has observation space {obs_space}; rlstore needs a Box")
     if len(obs_space.shape) >= 2 and obs_space.dtype == np.uint8 and not is_frame_stack(obs_space):
@@ -89,16 +93,22 @@ def check_spaces(env_id: str, algo: str | None, obs_space: gym.Space, action_spa
             "CNN takes channel-first uint8 stacks of at least 36x36 frames, such as Atari's "
             "(4, 84, 84): preprocess the env to that shape"
         )
-    if algo == "dqn" and not isinstance(action_space, spaces.Discrete):
+    if isinstance(action_space, spaces.Box) and len(action_space.shape) != 1:
         raise UsageError(
-            f"DQN needs a Discrete action space; {env_id} has {action_space}. "
-            "Use `rlstore train ppo` or `rlstore train a2c` for continuous actions"
+            f"{env_id} has action space {action_space}; rlstore takes Discrete and 1-d Box actions"
         )
-    box_1d = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
-    if not (isinstance(action_space, spaces.Discrete) or box_1d):
+    if algorithm is not None and not algorithm.takes(action_space):
+        kinds = " or ".join(kind.__name__ for kind in algorithm.action_spaces)
+        others = [a.name for a in algos.all_algorithms() if a.takes(action_space)]
+        offer = f"; use `rlstore train {others[0]}`" if others else ""
+        offer += "".join(f" or `rlstore train {name}`" for name in others[1:])
         raise UsageError(
-            f"{env_id} has action space {action_space}; "
-            "PPO and A2C here support Discrete and 1-d Box actions"
+            f"{algorithm.name.upper()} needs a {kinds} action space; {env_id} has "
+            f"{action_space}{offer}"
+        )
+    if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
+        raise UsageError(
+            f"{env_id} has action space {action_space}; rlstore takes Discrete and 1-d Box actions"
         )
 
 
@@ -126,19 +136,22 @@ def make_vec_env(
     seed: int,
     vectorization: str = "auto",
     max_episode_steps: int | None = None,
-    algo: str | None = None,
+    algorithm: Algorithm | None = None,
     infos: bool = True,
     sticky_actions: bool = False,
     fire_on_life_loss: bool = False,
+    lean: bool = True,
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
-    checking that `algo` can train on its spaces (check_spaces).
+    checking that `algorithm` can train on its spaces (check_spaces).
 
     vectorization: "auto" takes the env's own vectorized implementation
     (`vector_entry_point`) when it has one and num_envs >= NATIVE_MIN_ENVS, and "sync"
     otherwise; "native", "sync" and "async" force a mode. The action space is seeded
     here; the envs are seeded by the first `reset(seed=seed)`, which the caller does.
     `infos=False` lets the sync vector env skip gathering step infos (training reads none).
+    "sync" is LeanSyncVectorEnv (a fast path), or with `lean=False` Gymnasium's own
+    SyncVectorEnv.
     Atari games get their standard preprocessing and `life_lost` (rlstore/atari.py).
     """
     spec = check_env_id(env_id)
@@ -146,9 +159,10 @@ def make_vec_env(
         envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
                                fire_on_life_loss)  # fmt: skip
     else:
-        envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, max_episode_steps, infos)
+        envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, max_episode_steps, infos,
+                                       lean)  # fmt: skip
     try:
-        check_spaces(env_id, algo, envs.single_observation_space, envs.single_action_space)
+        check_spaces(env_id, algorithm, envs.single_observation_space, envs.single_action_space)
     except UsageError:
         envs.close()
         raise
@@ -167,6 +181,7 @@ def _make_gymnasium_vec_env(
     vectorization: str,
     max_episode_steps: int | None,
     infos: bool,
+    lean: bool,
 ) -> gym.vector.VectorEnv:
     if vectorization == "auto":
         native = spec.vector_entry_point is not None and num_envs >= NATIVE_MIN_ENVS
@@ -181,7 +196,7 @@ def _make_gymnasium_vec_env(
     else:
         mode = vectorization
     kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    if mode == "sync":
+    if mode == "sync" and lean:
         env_fns = [functools.partial(gym.make, spec.id, **kwargs)] * num_envs
         try:
             return LeanSyncVectorEnv(env_fns, infos)
@@ -190,13 +205,14 @@ def _make_gymnasium_vec_env(
     return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
 
 
-def make_training_envs(cfg: CommonConfig, algo: str) -> gym.vector.VectorEnv:
-    """The vector env of a training run of `algo`, as its config says (no step infos:
+def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.VectorEnv:
+    """The vector env of a training run of `algorithm`, as its config says (no step infos:
     training reads none)."""
     envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
-                        cfg.max_episode_steps, algo, infos=False,
+                        cfg.max_episode_steps, algorithm, infos=False,
                         sticky_actions=cfg.sticky_actions,
-                        fire_on_life_loss=cfg.fire_on_life_loss)  # fmt: skip
+                        fire_on_life_loss=cfg.fire_on_life_loss,
+                        lean=cfg.use_fast_paths)  # fmt: skip
     return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
 
 

@@ -12,11 +12,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlstore import algos
 from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.envs import check_env_id, make_vec_env
 from rlstore.errors import UsageError
-from rlstore.networks import CnnQNetwork, QNetwork, build_policy
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural
 
@@ -24,7 +24,8 @@ from rlstore.text import plural
 class Policy:
     """A trained policy: maps observations (one, or a batch) to actions as numpy arrays.
 
-    `value(obs)` gives the critic's V (PPO, A2C) and `q_values(obs)` the Q-values (DQN).
+    `value(obs)` gives the critic's V (actor-critics: PPO, A2C) and `q_values(obs)` the
+    Q-values (Q-networks: DQN).
     Observations are given as the env returns them: a policy trained with normalized
     observations normalizes them with its saved statistics, which stay frozen here.
     """
@@ -40,8 +41,9 @@ class Policy:
 
     @property
     def greedy(self) -> bool:
-        """DQN acts greedily on its Q-values; there is no distribution to sample."""
-        return isinstance(self.network, (QNetwork, CnnQNetwork))
+        """A Q-network (DQN's) acts greedily on its Q-values: there is no distribution to
+        sample."""
+        return hasattr(self.network, "q_values")
 
     def _batch(self, obs: np.ndarray) -> tuple[torch.Tensor, bool]:
         obs = np.asarray(obs)
@@ -66,14 +68,14 @@ class Policy:
         if not self.greedy:
             raise TypeError(f"a {self.algo} policy has a value, not Q-values: use value()")
         x, single = self._batch(obs)
-        q = self.network(x).numpy()
+        q = self.network.q_values(x).numpy()
         return q[0] if single else q
 
     @torch.inference_mode()
     def __call__(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
         x, single = self._batch(obs)
         if self.greedy:
-            action = self.network(x).argmax(-1)
+            action = self.network.q_values(x).argmax(-1)
         elif deterministic:
             action = self.network.deterministic_action(x)
         else:
@@ -113,7 +115,10 @@ def load_policy(path: str | Path) -> Policy:
         record = read_policy(path)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    network = build_policy(record["policy"])
+    try:
+        network = algos.get(record["algo"]).build_policy(record["policy"])
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}") from None
     network.load_state_dict(record["state_dict"])
     return Policy(network, record["policy"], record)
 

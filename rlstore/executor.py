@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlstore import algos
 from rlstore.config import CommonConfig, resolve, run_dir_prefix
 from rlstore.errors import TrainingInterrupted, UsageError
 
@@ -108,7 +108,7 @@ class RunSpec:
         status, path = self.state()
         if status != "done":
             cfg, preset = self.config()
-            train = importlib.import_module(f"rlstore.algos.{self.algo}").train
+            train = algos.get(self.algo).train
             path = train(cfg, preset, resume=path, report=report).run_dir
         return read_summary(path)
 
@@ -117,8 +117,12 @@ def check_same_config(path: Path, algo: str, cfg: CommonConfig) -> None:
     """The run in `path` was made by `algo` with `cfg` (up to NOT_IDENTITY), or a UsageError."""
     record = json.loads((path / "config.json").read_text())
     wanted = {"algo": algo, **dataclasses.asdict(cfg)}
+    # A field newer than the record had, when the run was made, the default's behaviour.
+    older = dataclasses.asdict(type(cfg)())
     differ = sorted(
-        k for k, v in wanted.items() if k not in NOT_IDENTITY and _plain(record.get(k)) != _plain(v)
+        k
+        for k, v in wanted.items()
+        if k not in NOT_IDENTITY and _plain(record.get(k, older.get(k))) != _plain(v)
     )
     if record["total_timesteps"] > cfg.total_timesteps:
         raise UsageError(

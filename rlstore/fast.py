@@ -330,7 +330,7 @@ class HostPPOStep(_ActorCriticStep):
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """An ActorCritic in host memory and a plain Adam (adam_in_host_memory)."""
-        return hasattr(agent, "act_on_host") and adam_in_host_memory(optimizer)
+        return getattr(agent, "act_on_host", None) is not None and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
         obs, actions, advantages = _minibatch(batch, cfg)
@@ -385,7 +385,7 @@ class HostA2CStep(_ActorCriticStep):
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """An ActorCritic in host memory and a plain RMSprop (no momentum, not centered)."""
-        return hasattr(agent, "act_on_host") and plain_in_host_memory(
+        return getattr(agent, "act_on_host", None) is not None and plain_in_host_memory(
             optimizer, torch.optim.RMSprop, "weight_decay", "momentum", "centered"
         )
 

@@ -1,10 +1,18 @@
 """Networks: the actor-critic of PPO and A2C and the Q-network of DQN, and the policy spec
-that rebuilds either from model.pt. They know nothing about storage; of envs, only what
-the policy spec reads from their spaces (which network an observation space gets)."""
+that rebuilds either from model.pt. They know nothing about storage; of envs, only which
+network an observation space gets (frame stacks: the Nature CNN).
+
+Each network that model.pt may hold has a SPEC_NAME, `spec_args()` (what its constructor
+needs beyond the spaces) and `from_spec(spec)`; an algorithm lists its networks in its
+registry entry (rlstore/algos/__init__.py), which rebuilds them for `rlstore eval`.
+
+`fast=False` builds the reference: the layers called as modules, and no numpy actor
+(--fast-paths off); the parameters, and so model.pt, are the same either way."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -36,14 +44,31 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> n
     return nn.Sequential(*layers)
 
 
+class ModuleCalls:
+    """The layers called in order as modules, as nn.Sequential calls them: the reference
+    that SequentialRunner is tested against. Held outside the module tree (a plain object),
+    so that the state dict is the same with either."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        self.layers = list(layers)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs for vector observations.
 
     Discrete actions: a Categorical head over `action_dim` logits. Continuous actions: a
     Gaussian head with a state-independent log-std; samples are returned unclipped (the
-    caller clips what it sends to the env, never what it stores). The MLPs run through
-    rlstore.fast (the same layers, called without module dispatch; sampling by formula).
+    caller clips what it sends to the env, never what it stores). With `fast`, the MLPs run
+    through SequentialRunner (the same layers, called without module dispatch) and
+    `act_on_host` acts in numpy while the parameters are in host memory.
     """
+
+    SPEC_NAME = "actor_critic"
 
     def __init__(
         self,
@@ -51,20 +76,29 @@ class ActorCritic(nn.Module):
         action_dim: int,
         continuous: bool = False,
         hidden: tuple[int, ...] = (64, 64),
+        fast: bool = True,
     ) -> None:
         super().__init__()
-        self.continuous = continuous
+        self.action_dim, self.continuous = action_dim, continuous
         self.critic = mlp(obs_dim, hidden, 1, out_std=1.0)
         self.actor = mlp(obs_dim, hidden, action_dim, out_std=0.01)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
-        self.actor_path, self.critic_path = (
-            SequentialRunner(self.actor),
-            SequentialRunner(self.critic),
-        )
-        self.act_on_host = HostActorCritic(
-            self.actor_path, self.critic_path, self.actor_logstd if continuous else None
-        )  # act() in numpy for host observations, while the parameters are in host memory
+        path = SequentialRunner if fast else ModuleCalls
+        self.actor_path, self.critic_path = path(self.actor), path(self.critic)
+        self.act_on_host: HostActorCritic | None = None
+        if fast:  # act() in numpy for host observations
+            self.act_on_host = HostActorCritic(
+                self.actor_path, self.critic_path, self.actor_logstd if continuous else None
+            )
+
+    def spec_args(self) -> dict:
+        return {"action_dim": self.action_dim, "continuous": self.continuous}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> ActorCritic:
+        obs_dim = int(np.prod(spec["obs_shape"]))
+        return cls(obs_dim, spec["action_dim"], continuous=spec["continuous"])
 
     @staticmethod
     def _features(obs: torch.Tensor) -> torch.Tensor:
@@ -107,8 +141,9 @@ class ActorCritic(nn.Module):
         return out if self.continuous else out.argmax(-1)
 
 
-def actor_critic_for(obs_space, action_space) -> ActorCritic:  # gymnasium spaces
-    """An ActorCritic shaped for a single env's observation and action spaces."""
+def actor_critic_for(obs_space, action_space, fast: bool = True) -> nn.Module:  # gym spaces
+    """An ActorCritic (CnnActorCritic for frame stacks) shaped for a single env's
+    observation and action spaces."""
     from gymnasium import spaces
 
     from rlstore.envs import is_frame_stack
@@ -117,9 +152,9 @@ def actor_critic_for(obs_space, action_space) -> ActorCritic:  # gymnasium space
     if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
         return CnnActorCritic(obs_space.shape, int(action_space.n))
     if isinstance(action_space, spaces.Discrete):
-        return ActorCritic(obs_dim, int(action_space.n))
+        return ActorCritic(obs_dim, int(action_space.n), fast=fast)
     if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-        return ActorCritic(obs_dim, action_space.shape[0], continuous=True)
+        return ActorCritic(obs_dim, action_space.shape[0], continuous=True, fast=fast)
     raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")
 
 
@@ -154,10 +189,13 @@ class CnnActorCritic(nn.Module):
     0.01) and a value head (gain 1), as in the PPO Atari reference. Same interface as
     ActorCritic."""
 
+    SPEC_NAME = "cnn_actor_critic"
     continuous = False
+    act_on_host = None  # (no numpy twin: the convolutions are torch's)
 
     def __init__(self, obs_shape: tuple[int, ...], action_dim: int) -> None:
         super().__init__()
+        self.action_dim = action_dim
         self.trunk = nature_cnn(obs_shape[0], tuple(obs_shape[1:]))
         self.actor = layer_init(nn.Linear(512, action_dim), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
@@ -182,14 +220,23 @@ class CnnActorCritic(nn.Module):
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor(self.trunk(obs)).argmax(-1)
 
+    def spec_args(self) -> dict:
+        return {"action_dim": self.action_dim, "continuous": False}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> CnnActorCritic:
+        return cls(tuple(spec["obs_shape"]), spec["action_dim"])
+
 
 class CnnQNetwork(nn.Module):
     """Q-network for image stacks: the Nature CNN trunk and a linear Q head, or a dueling
     head (value and advantage streams on the trunk's 512 features)."""
 
+    SPEC_NAME = "cnn_q_network"
+
     def __init__(self, obs_shape: tuple[int, ...], num_actions: int, dueling: bool = False):
         super().__init__()
-        self.dueling = dueling
+        self.num_actions, self.dueling = num_actions, dueling
         self.trunk = nature_cnn(obs_shape[0], tuple(obs_shape[1:]))
         self.advantage = nn.Linear(512, num_actions)
         if dueling:
@@ -201,6 +248,17 @@ class CnnQNetwork(nn.Module):
         if not self.dueling:
             return advantage
         return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(obs, a) for every action, shape (batch, num_actions)."""
+        return self(obs)
+
+    def spec_args(self) -> dict:
+        return {"action_dim": self.num_actions, "dueling": self.dueling}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> CnnQNetwork:
+        return cls(tuple(spec["obs_shape"]), spec["action_dim"], spec["dueling"])
 
     def greedy_action(self, obs: np.ndarray) -> np.ndarray:
         """argmax Q for a batch of host observations (as GreedyActor for the MLPs)."""
@@ -217,8 +275,11 @@ class CnnQNetwork(nn.Module):
 class QNetwork(nn.Module):
     """ReLU MLP Q-network (120-84 like the classic DQN reference), optionally dueling.
 
-    `advantage_path` runs body and advantage head through rlstore.fast: without a dueling
-    head that is Q itself, and its argmax is Q's argmax either way (GreedyActor)."""
+    `advantage_path` runs body and advantage head (through SequentialRunner with `fast`):
+    without a dueling head that is Q itself, and its argmax is Q's argmax either way
+    (GreedyActor)."""
+
+    SPEC_NAME = "q_network"
 
     def __init__(
         self,
@@ -226,6 +287,7 @@ class QNetwork(nn.Module):
         num_actions: int,
         hidden: tuple[int, ...] = (120, 84),
         dueling: bool = False,
+        fast: bool = True,
     ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
@@ -234,11 +296,12 @@ class QNetwork(nn.Module):
             layers += [nn.Linear(in_dim, width), nn.ReLU()]
             in_dim = width
         self.body = nn.Sequential(*layers)
-        self.hidden, self.dueling = tuple(hidden), dueling
+        self.num_actions, self.hidden, self.dueling = num_actions, tuple(hidden), dueling
         self.advantage = nn.Linear(in_dim, num_actions)
         if dueling:
             self.value = nn.Linear(in_dim, 1)
-        self.advantage_path = SequentialRunner([*self.body, self.advantage])
+        path = SequentialRunner if fast else ModuleCalls
+        self.advantage_path = path([*self.body, self.advantage])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values, shape (batch, num_actions)."""
@@ -249,35 +312,34 @@ class QNetwork(nn.Module):
         advantage = self.advantage(x)
         return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
 
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(obs, a) for every action, shape (batch, num_actions)."""
+        return self(obs)
+
+    def greedy_action(self, obs: np.ndarray) -> np.ndarray:
+        """argmax Q for a batch of host observations (GreedyActor's reference)."""
+        device = self.advantage.weight.device
+        with torch.inference_mode():
+            x = torch.as_tensor(obs, device=device)
+            return self.advantage_path(x.reshape(x.shape[0], -1).float()).argmax(-1).cpu().numpy()
+
+    def spec_args(self) -> dict:
+        return {"action_dim": self.num_actions, "dueling": self.dueling,
+                "hidden": list(self.hidden)}  # fmt: skip
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> QNetwork:
+        obs_dim = int(np.prod(spec["obs_shape"]))
+        hidden = tuple(spec.get("hidden", (120, 84)))  # (older model files: the default)
+        return cls(obs_dim, spec["action_dim"], hidden, dueling=spec["dueling"])
+
 
 def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasium spaces
-    """What rebuilds `network` (build_policy) and clips its actions: kept in model.pt."""
-    spec = {"obs_shape": list(obs_space.shape)}
-    if isinstance(network, CnnQNetwork):
-        return {"network": "cnn_q_network", **spec, "action_dim": int(action_space.n),
-                "dueling": network.dueling}  # fmt: skip
-    if isinstance(network, CnnActorCritic):
-        return {"network": "cnn_actor_critic", **spec, "action_dim": int(action_space.n),
-                "continuous": False}  # fmt: skip
-    if isinstance(network, QNetwork):
-        return {"network": "q_network", **spec, "action_dim": int(action_space.n),
-                "dueling": network.dueling, "hidden": list(network.hidden)}  # fmt: skip
-    if not network.continuous:
-        return {"network": "actor_critic", **spec, "action_dim": int(action_space.n),
-                "continuous": False}  # fmt: skip
-    return {"network": "actor_critic", **spec, "action_dim": action_space.shape[0],
-            "continuous": True, "action_low": action_space.low.tolist(),
-            "action_high": action_space.high.tolist()}  # fmt: skip
-
-
-def build_policy(spec: dict) -> nn.Module:
-    """The network a policy spec describes, with fresh parameters."""
-    obs_dim = int(np.prod(spec["obs_shape"]))
-    if spec["network"] == "cnn_q_network":
-        return CnnQNetwork(tuple(spec["obs_shape"]), spec["action_dim"], spec["dueling"])
-    if spec["network"] == "cnn_actor_critic":
-        return CnnActorCritic(tuple(spec["obs_shape"]), spec["action_dim"])
-    if spec["network"] == "q_network":
-        hidden = tuple(spec.get("hidden", (120, 84)))  # (older model files: the default)
-        return QNetwork(obs_dim, spec["action_dim"], hidden, dueling=spec["dueling"])
-    return ActorCritic(obs_dim, spec["action_dim"], continuous=spec["continuous"])
+    """What rebuilds `network` (its class's from_spec) and clips its actions: kept in
+    model.pt."""
+    spec = {"network": network.SPEC_NAME, "obs_shape": list(obs_space.shape)}
+    spec |= network.spec_args()
+    if spec.get("continuous"):
+        spec |= {"action_low": action_space.low.tolist(),
+                 "action_high": action_space.high.tolist()}  # fmt: skip
+    return spec

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import tomllib
 
+from rlstore import algos
 from rlstore.config import PRESET_DIR, validate
 from rlstore.errors import UsageError
 from rlstore.executor import (
@@ -182,7 +183,7 @@ def preflight(rows: list[Row]) -> None:
         validate(cfg)
         with warnings.catch_warnings():  # (an env's deprecation notes go to its runs' logs)
             warnings.simplefilter("ignore")
-            make_vec_env(row.env, 1, 0, "sync", algo=row.algo).close()
+            make_vec_env(row.env, 1, 0, "sync", algorithm=algos.get(row.algo)).close()
 
 
 # -- results ----------------------------------------------------------------------------------

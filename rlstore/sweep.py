@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import tomllib
 
+from rlstore import algos
 from rlstore.config import validate
 from rlstore.errors import UsageError
 from rlstore.executor import (
@@ -114,7 +115,9 @@ def load_spec(path: Path) -> SweepSpec:
             raise UsageError(f"{path}: {e}") from None
     from rlstore.envs import make_vec_env
 
-    make_vec_env(spec.env, 1, 0, "sync", algo=spec.algo).close()  # does the pair fit?
+    make_vec_env(
+        spec.env, 1, 0, "sync", algorithm=algos.get(spec.algo)
+    ).close()  # does the pair fit?
     return spec
 
 

@@ -269,14 +269,15 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     # rlstore's collect loop alone, on the same shape
     import tempfile
 
-    from rlstore.algos.common import build_actor_critic, collect_rollout
+    from rlstore import algos
+    from rlstore.algos._on_policy import build_actor_critic, collect_rollout
 
     with tempfile.TemporaryDirectory() as logdir:
         overrides = dict(logdir=logdir, device=device_name, progress=False,
                          track_tensorboard=False, num_envs=num_envs)  # fmt: skip
         cfg = resolve("ppo", env, overrides)[0]
         run = Run(cfg, "ppo")
-        agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
+        agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), run.device)
         for _ in range(3):
             collect_rollout(agent, storage, state, run)
             storage.after_update()

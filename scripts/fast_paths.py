@@ -46,8 +46,7 @@ def ppo_minibatch_step() -> tuple[str, float, float]:
     """A PPO minibatch step of the defaults (128 CartPole transitions): torch vs HostPPOStep."""
     from torch import nn
 
-    from rlstore.algos.ppo import ppo_loss
-    from rlstore.config import PPOConfig
+    from rlstore.algos.ppo import PPOConfig, ppo_loss
     from rlstore.storage import RolloutBatch
 
     cfg, rng = PPOConfig(), np.random.default_rng(0)
@@ -76,8 +75,7 @@ def dqn_gradient_step() -> tuple[str, float, float]:
     HostDQNStep."""
     import copy
 
-    from rlstore.algos.dqn import td_loss
-    from rlstore.config import DQNConfig
+    from rlstore.algos.dqn import DQNConfig, td_loss
     from rlstore.storage.replay import ReplayBatch
 
     cfg, rng = DQNConfig(), np.random.default_rng(0)
@@ -106,7 +104,8 @@ def collect_step() -> tuple[str, float, float]:
     vs LeanRollout, per vector step over whole rollouts."""
     import tempfile
 
-    from rlstore.algos.common import build_actor_critic, collect_rollout
+    from rlstore import algos
+    from rlstore.algos._on_policy import build_actor_critic, collect_rollout
     from rlstore.config import resolve
     from rlstore.run import Run
 
@@ -115,7 +114,7 @@ def collect_step() -> tuple[str, float, float]:
         overrides = dict(logdir=logdir, device="cpu", progress=False, track_tensorboard=False)
         cfg = resolve("ppo", "CartPole-v1", overrides)[0]
         run = Run(cfg, "ppo")
-        agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
+        agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), run.device)
 
         def rollout():
             collect_rollout(agent, storage, state, run)

@@ -11,9 +11,9 @@ import torch
 from extras import requires_extra
 from test_frame_stacks import assert_same_as_plain
 
-from rlstore import ReplayBuffer, resolve
+from rlstore import ReplayBuffer, algos, resolve
 from rlstore.algos import ppo
-from rlstore.algos.common import build_actor_critic
+from rlstore.algos._on_policy import build_actor_critic
 from rlstore.atari import LifeLoss
 from rlstore.cli import main
 from rlstore.envs import make_vec_env
@@ -61,7 +61,7 @@ def test_frames_are_scaled_to_one_inside_the_network():
 
 def test_observations_stay_uint8_up_to_the_network(logdir):
     cfg, _ = resolve("ppo", "ALE/Breakout-v5", {"num_envs": 2, "num_steps": 8, "logdir": logdir})
-    agent, storage, state = build_actor_critic(cfg, "ppo", torch.device("cpu"))
+    agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), torch.device("cpu"))
     seen = []
     agent.trunk.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
     with torch.inference_mode():

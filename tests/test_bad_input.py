@@ -63,11 +63,12 @@ def test_every_bounded_field_is_checked_before_anything_is_built():
     import dataclasses
     import typing
 
-    from rlstore.config import CONFIG_CLASSES, _bound, flag, validate
+    from rlstore import algos
+    from rlstore.config import _bound, flag, validate
     from rlstore.errors import UsageError
 
     checked = 0
-    for cls in CONFIG_CLASSES.values():
+    for cls in (algorithm.config for algorithm in algos.all_algorithms()):
         hints = typing.get_type_hints(cls, include_extras=True)
         for field in dataclasses.fields(cls):
             bound = _bound(hints[field.name])
@@ -163,7 +164,7 @@ def test_unknown_command_and_missing_algorithm(capsys):
     assert "usage: rlstore" in capsys.readouterr().out
     assert main(["train"]) == 2  # no algorithm
     err = capsys.readouterr().err
-    assert err == "rlstore: error: name an algorithm: rlstore train {ppo, a2c, dqn} --env ENV_ID\n"
+    assert err == "rlstore: error: name an algorithm: rlstore train {a2c, dqn, ppo} --env ENV_ID\n"
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlstore import config
+from rlstore import algos, config
 from rlstore.cli import main, parse_train
 
 TINY = ["--total-timesteps", "1024", "--no-progress"]
@@ -130,7 +130,7 @@ def test_shipped_presets_are_valid():
     for path in found:
         algo = path.parent.name
         cfg = config.apply_overrides(
-            config.CONFIG_CLASSES[algo](), config.read_config(path, "preset"), str(path)
+            algos.get(algo).config(), config.read_config(path, "preset"), str(path)
         )
         config.validate(cfg)  # raises UsageError for an invalid preset
         env_id = re.match(r"^(.*?-v\d+)", path.name)  # Env-vN.toml or Env-vN.NAME.toml
@@ -174,7 +174,7 @@ def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
     seen, seen_blas, before = [], [], blas_threads()
     for threads in ("auto", 2):
         torch.set_num_threads(3)
-        cfg = config.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
+        cfg = dqn.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
                                logdir=logdir, progress=False, track_tensorboard=False)  # fmt: skip
         dqn.train(cfg, on_step=lambda _: (seen.append(torch.get_num_threads()),
                                           seen_blas.append(blas_threads())))  # fmt: skip

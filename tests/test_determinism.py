@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from rlstore.algos import a2c, dqn, ppo
-from rlstore.config import A2CConfig, DQNConfig, PPOConfig
+from rlstore.algos.a2c import A2CConfig
+from rlstore.algos.dqn import DQNConfig
+from rlstore.algos.ppo import PPOConfig
 
 
 def tiny(cls, logdir, seed):

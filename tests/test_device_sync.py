@@ -19,11 +19,10 @@ import pytest
 import torch
 from torch import nn
 
-from rlstore import QNetwork, ReplayBuffer
-from rlstore.algos.common import build_actor_critic, collect_rollout, compute_returns
-from rlstore.algos.dqn import epsilon_greedy, gradient_step, update_target
-from rlstore.algos.ppo import ppo_update
-from rlstore.config import DQNConfig, PPOConfig
+from rlstore import QNetwork, ReplayBuffer, algos
+from rlstore.algos._on_policy import build_actor_critic, collect_rollout, compute_returns
+from rlstore.algos.dqn import DQNConfig, epsilon_greedy, gradient_step, update_target
+from rlstore.algos.ppo import PPOConfig, ppo_update
 from rlstore.fast import GreedyActor
 from rlstore.run import Run
 
@@ -83,7 +82,7 @@ def ppo_iteration(device, watch, tmp_path, monkeypatch):
     cfg = PPOConfig(num_envs=N, num_steps=T, num_minibatches=2, device="cpu",
                     logdir=str(tmp_path), progress=False, track_tensorboard=False)  # fmt: skip
     run = Run(cfg, "ppo")  # counts the steps; the parts live on `device`
-    agent, storage, state = build_actor_critic(cfg, "ppo", device)
+    agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), device)
     optimizer = optimizer_for(agent, device, monkeypatch)
     try:
         with watch:

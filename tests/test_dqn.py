@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlstore.algos import dqn
+from rlstore.algos.dqn import DQNConfig
 from rlstore.cli import main
-from rlstore.config import DQNConfig
 from rlstore.networks import QNetwork
 from rlstore.storage.replay import ReplayBatch
 
@@ -206,8 +206,7 @@ def test_the_buffer_check_counts_observations_where_the_buffer_lives(monkeypatch
     import torch
 
     from rlstore import run
-    from rlstore.algos.dqn import check_buffer_fits
-    from rlstore.config import DQNConfig
+    from rlstore.algos.dqn import DQNConfig, check_buffer_fits
     from rlstore.errors import UsageError
     from rlstore.storage.replay import ReplayBuffer
 

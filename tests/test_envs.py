@@ -155,12 +155,13 @@ def test_episode_stats_hand_computed():
 def test_truncation_as_termination_reports_time_limits_as_terminations(tmp_path):
     """--truncation-as-termination: the same stream, with every truncation reported as a
     termination (and none as a truncation), so that learners cut the bootstrap there."""
-    from rlstore.config import PPOConfig
+    from rlstore import algos
+    from rlstore.algos.ppo import PPOConfig
     from rlstore.envs import make_training_envs
 
     cfg = PPOConfig(env_id="CartPole-v1", num_envs=3, max_episode_steps=15, seed=4)
-    plain = make_training_envs(cfg, "ppo")
-    cut = make_training_envs(dataclasses.replace(cfg, truncation_as_termination=True), "ppo")
+    plain = make_training_envs(cfg, algos.get("ppo"))
+    cut = make_training_envs(dataclasses.replace(cfg, truncation_as_termination=True), algos.get("ppo"))
     plain.reset(seed=4)
     cut.reset(seed=4)
     truncations = 0

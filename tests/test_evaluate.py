@@ -11,9 +11,9 @@ from tiny_runs import COMMON, SETUPS, replace
 
 import rlstore
 from rlstore.algos import dqn, ppo
+from rlstore.algos.ppo import PPOConfig
 from rlstore.checkpoint import checkpoint_files
 from rlstore.cli import main
-from rlstore.config import PPOConfig
 
 
 def test_eval_and_load_policy(tmp_path, capsys):

@@ -295,7 +295,7 @@ def test_one_env_dqn_step_is_the_loops_step(
     end: the same replay buffer (wrapped around), episodes, parameters and numpy RNG state,
     with episodes ended by termination and by the time limit (and learnt by sign)."""
     from rlstore.algos import dqn
-    from rlstore.config import DQNConfig
+    from rlstore.algos.dqn import DQNConfig
 
     def train(fast: bool):
         if not fast:
@@ -334,8 +334,7 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
     torch path (ppo_loss, backward, clip_grad_norm_, fused Adam) to float32 rounding."""
     import copy
 
-    from rlstore.algos.ppo import ppo_loss
-    from rlstore.config import PPOConfig
+    from rlstore.algos.ppo import PPOConfig, ppo_loss
     from rlstore.fast import HostPPOStep
 
     cfg = PPOConfig(clip_vloss=clip_vloss, norm_adv=norm_adv, max_grad_norm=max_grad_norm,
@@ -376,8 +375,7 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
     torch path's (td_loss, backward, clipping, fused Adam) to float32 rounding."""
     import copy
 
-    from rlstore.algos.dqn import td_loss
-    from rlstore.config import DQNConfig
+    from rlstore.algos.dqn import DQNConfig, td_loss
     from rlstore.fast import HostDQNStep
     from rlstore.storage.replay import ReplayBatch
 
@@ -420,8 +418,7 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
     path's (a2c_loss, backward, clip_grad_norm_, RMSprop) to float32 rounding."""
     import copy
 
-    from rlstore.algos.a2c import a2c_loss
-    from rlstore.config import A2CConfig
+    from rlstore.algos.a2c import A2CConfig, a2c_loss
     from rlstore.fast import HostA2CStep
 
     cfg = A2CConfig(norm_adv=norm_adv, ent_coef=0.05, max_grad_norm=0.5)
@@ -483,7 +480,8 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
     calls leave them, with episodes ended by termination and by the time limit; when the
     env, the storage and the statistics disagree on the last step (a checkpoint loaded into
     one of them), the loop's own step goes first, once."""
-    from rlstore.algos.common import build_actor_critic, collect_rollout
+    from rlstore import algos
+    from rlstore.algos._on_policy import build_actor_critic, collect_rollout
     from rlstore.config import resolve
     from rlstore.run import Run
 
@@ -493,7 +491,7 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
                          norm_obs=normalize, norm_reward=normalize)  # fmt: skip
         cfg = resolve("ppo", env_id, overrides)[0]
         run = Run(cfg, "ppo")
-        agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
+        agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), run.device)
         assert LeanRollout.supports(state.envs, storage, agent.act_on_host)
         if not lean:
             monkeypatch.setattr(LeanRollout, "supports", staticmethod(lambda *args: False))

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from rlstore.algos.a2c import a2c_loss
-from rlstore.algos.common import explained_variance, linear_schedule
-from rlstore.algos.ppo import ppo_loss
-from rlstore.config import A2CConfig, PPOConfig
+from rlstore.algos._on_policy import explained_variance
+from rlstore.algos._shared import linear_schedule
+from rlstore.algos.a2c import A2CConfig, a2c_loss
+from rlstore.algos.ppo import PPOConfig, ppo_loss
 from rlstore.storage import RolloutBatch
 
 

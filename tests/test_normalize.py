@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import rlstore
 from rlstore.algos import ppo
+from rlstore.algos.ppo import PPOConfig
 from rlstore.checkpoint import checkpoint_files
-from rlstore.config import PPOConfig
 from rlstore.normalize import ObsNormalizer, RewardScaler, RunningMeanStd
 
 

@@ -5,7 +5,9 @@ import dataclasses
 import torch
 
 from rlstore.algos import a2c, dqn, ppo
-from rlstore.config import A2CConfig, DQNConfig, PPOConfig
+from rlstore.algos.a2c import A2CConfig
+from rlstore.algos.dqn import DQNConfig
+from rlstore.algos.ppo import PPOConfig
 
 COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
 SETUPS = {

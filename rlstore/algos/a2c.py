@@ -7,23 +7,42 @@ collect -> compute returns -> one update -> log.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from gymnasium import spaces
 from torch import nn
 
-from rlstore.algos.common import (
+from rlstore.algos import Algorithm
+from rlstore.algos._on_policy import (
     build_actor_critic,
     collect_rollout,
     compute_returns,
     explained_variance,
-    linear_schedule,
-    optimizer_params,
 )
-from rlstore.config import A2CConfig
+from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.config import Count, Fraction, OnPolicyConfig, Positive
 from rlstore.fast import HostA2CStep
+from rlstore.networks import ActorCritic, CnnActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch
+
+
+@dataclass
+class A2CConfig(OnPolicyConfig):
+    """Advantage Actor-Critic (synchronous, one update per rollout)."""
+
+    # The published A2C settings differ from PPO's here (OpenAI baselines, SB3):
+    learning_rate: Positive = 7e-4
+    anneal_lr: bool = False
+    num_steps: Count = 5
+    gae_lambda: Fraction = 1.0
+    norm_adv: bool = False
+    rmsprop_alpha: Fraction = 0.99
+    """RMSprop smoothing constant."""
+    rmsprop_eps: Positive = 1e-5
+    """RMSprop epsilon."""
 
 
 def a2c_loss(
@@ -60,8 +79,8 @@ def train(
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, "a2c", preset, resume, report)
-    agent, storage, state = build_actor_critic(cfg, "a2c", run.device)
+    run = Run(cfg, ALGORITHM.name, preset, resume, report)
+    agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     optimizer = torch.optim.RMSprop(
         agent.parameters(),
         lr=cfg.learning_rate,
@@ -70,7 +89,8 @@ def train(
         foreach=True,
     )
     state.parts["optimizer"] = optimizer
-    fast_step = HostA2CStep(agent, optimizer) if HostA2CStep.supports(agent, optimizer) else None
+    fast = cfg.use_fast_paths and HostA2CStep.supports(agent, optimizer)
+    fast_step = HostA2CStep(agent, optimizer) if fast else None
 
     with run.start(state):
         for iteration in run.iterations():
@@ -107,3 +127,13 @@ def train(
                 run.log_scalars(losses)
             storage.after_update()
         return run.finish()
+
+
+ALGORITHM = Algorithm(
+    name="a2c",
+    summary="Advantage Actor-Critic (synchronous): one update per short rollout",
+    config=A2CConfig,
+    train=train,
+    action_spaces=(spaces.Discrete, spaces.Box),
+    networks=(ActorCritic, CnnActorCritic),
+)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -19,13 +20,97 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlstore.algos.common import linear_schedule, optimizer_params
-from rlstore.config import DQNConfig
+from rlstore.algos import Algorithm
+from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.config import (
+    Bound,
+    CommonConfig,
+    Count,
+    Fraction,
+    NonNegativeInt,
+    Positive,
+)
 from rlstore.envs import is_frame_stack, make_training_envs
+from rlstore.errors import UsageError
 from rlstore.fast import GreedyActor, HostDQNStep, OneEnvDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, check_memory, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
+
+
+@dataclass
+class DQNConfig(CommonConfig):
+    """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
+
+    num_envs: Count = 1
+    """Number of parallel environments (step counters count env steps, summed over envs)."""
+    learning_rate: Positive = 2.5e-4
+    """Adam learning rate."""
+    buffer_size: Count = 10_000
+    """Replay buffer capacity in transitions."""
+    buffer_device: str = "auto"
+    """Where the replay buffer lives: auto (the training device), cpu or cuda."""
+    gamma: Fraction = 0.99
+    """Discount factor."""
+    tau: Annotated[float, Bound(0, 1, low_open=True)] = 1.0
+    """Target network update rate: 1.0 is a hard copy, less is a soft (Polyak) update."""
+    target_network_frequency: Count = 500
+    """Env steps between target network updates."""
+    batch_size: Count = 128
+    """Transitions per gradient step."""
+    start_e: Fraction = 1.0
+    """Exploration epsilon at the start."""
+    end_e: Fraction = 0.05
+    """Exploration epsilon at the end of the decay."""
+    exploration_fraction: Fraction = 0.5
+    """Fraction of total_timesteps over which epsilon decays linearly from start_e to end_e."""
+    learning_starts: NonNegativeInt = 10_000
+    """Env steps of pure collection before the first gradient step."""
+    train_frequency: Count = 10
+    """Env steps between training phases."""
+    gradient_steps: Count = 1
+    """Gradient steps per training phase."""
+    loss: Literal["mse", "huber"] = "mse"
+    """TD loss: mean squared error or Huber (smooth L1)."""
+    max_grad_norm: Positive | None = None
+    """Clip the gradient norm to this value (no clipping when unset)."""
+    double_dqn: bool = False
+    """Double DQN: the online network picks the next action, the target network values it."""
+    dueling: bool = False
+    """Dueling head: Q = V + A - mean(A)."""
+    q_hidden: tuple[int, ...] = (120, 84)
+    """Widths of the Q-network's hidden ReLU layers."""
+    n_step: Count = 1
+    """n-step returns (1 is the classic one-step target)."""
+    prioritized: bool = False
+    """Prioritized experience replay (proportional)."""
+    per_alpha: Fraction = 0.6
+    """PER priority exponent alpha in [0, 1] (0 is uniform)."""
+    per_beta: Fraction = 0.4
+    """PER importance-sampling exponent at the start; annealed linearly to 1 over training."""
+    per_eps: Positive = 1e-6
+    """Added to |TD error| so that no priority is zero."""
+
+    def check(self) -> None:
+        super().check()
+        if self.buffer_size < self.num_envs:
+            raise UsageError(
+                f"--buffer-size {self.buffer_size} must be at least --num-envs {self.num_envs}"
+            )
+        if self.batch_size > self.buffer_size:
+            raise UsageError(
+                f"--batch-size {self.batch_size} must lie in [1, --buffer-size "
+                f"{self.buffer_size}]; lower the batch size or enlarge the buffer"
+            )
+        if not self.q_hidden or min(self.q_hidden) < 1:
+            raise UsageError(
+                f"--q-hidden needs one or more layer widths >= 1 (got {self.q_hidden})"
+            )
+        if self.learning_starts > self.total_timesteps:
+            raise UsageError(
+                f"--learning-starts {self.learning_starts} is larger than --total-timesteps "
+                f"{self.total_timesteps}: training would never start; lower it"
+            )
 
 
 def td_loss(
@@ -154,9 +239,9 @@ def train(
     watch the target network and epsilon).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, "dqn", preset, resume, report)
+    run = Run(cfg, ALGORITHM.name, preset, resume, report)
     device = run.device
-    envs = make_training_envs(cfg, "dqn")
+    envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
@@ -166,8 +251,11 @@ def train(
         greedy_actions = q_network.greedy_action
     else:
         obs_dim = int(np.prod(obs_space.shape))
-        q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling).to(device)
-        greedy_actions = GreedyActor(q_network.advantage_path)
+        q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling,
+                             fast=cfg.use_fast_paths).to(device)  # fmt: skip
+        greedy_actions = q_network.greedy_action
+        if cfg.use_fast_paths:  # the same argmax in numpy (rlstore/fast.py)
+            greedy_actions = GreedyActor(q_network.advantage_path)
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     check_buffer_fits(cfg, obs_space, buffer_device, frames)
@@ -188,11 +276,9 @@ def train(
     )
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
     # (rlstore/fast.py)
-    fast_step = (
-        HostDQNStep(q_network, target_network, optimizer)
-        if HostDQNStep.supports(q_network, optimizer) and buffer.device.type == "cpu"
-        else None
-    )
+    fast = cfg.use_fast_paths and buffer.device.type == "cpu"
+    fast = fast and HostDQNStep.supports(q_network, optimizer)
+    fast_step = HostDQNStep(q_network, target_network, optimizer) if fast else None
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(q_network, obs_space, action_space)
     state = TrainingState(envs, q_network, spec, obs, target_model=target_network,
@@ -216,7 +302,7 @@ def train(
     # The same step with one env, with fewer calls (rlstore/fast.py)
     one_env_step = (
         OneEnvDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards)
-        if OneEnvDQNStep.supports(envs, buffer)
+        if cfg.use_fast_paths and OneEnvDQNStep.supports(envs, buffer)
         else None
     )
     with run.start(state):
@@ -262,3 +348,13 @@ def train(
                     }
                 )
         return run.finish()
+
+
+ALGORITHM = Algorithm(
+    name="dqn",
+    summary="Deep Q-Network, with Double, dueling, n-step and prioritized replay as options",
+    config=DQNConfig,
+    train=train,
+    action_spaces=(gym.spaces.Discrete,),
+    networks=(QNetwork, CnnQNetwork),
+)

@@ -7,24 +7,54 @@ collect -> compute returns -> minibatch updates -> log.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from gymnasium import spaces
 from torch import nn
 
-from rlstore.algos.common import (
+from rlstore.algos import Algorithm
+from rlstore.algos._on_policy import (
     build_actor_critic,
     collect_rollout,
     compute_returns,
     explained_variance,
-    linear_schedule,
-    optimizer_params,
 )
-from rlstore.config import PPOConfig
+from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.config import Count, OnPolicyConfig, Positive
+from rlstore.errors import UsageError
 from rlstore.fast import HostPPOStep
-from rlstore.networks import ActorCritic
+from rlstore.networks import ActorCritic, CnnActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
+
+
+@dataclass
+class PPOConfig(OnPolicyConfig):
+    """Proximal Policy Optimization (clipped objective, GAE, minibatch updates)."""
+
+    num_minibatches: Count = 4
+    """Minibatches per epoch."""
+    update_epochs: Count = 4
+    """Epochs over each rollout."""
+    clip_coef: Positive = 0.2
+    """Surrogate clipping coefficient."""
+    clip_vloss: bool = True
+    """Clip the value loss around the old value estimates."""
+    adam_eps: Positive = 1e-5
+    """Adam epsilon."""
+    target_kl: Positive | None = None
+    """Stop the update epochs early when the approximate KL exceeds this."""
+
+    def check(self) -> None:
+        super().check()
+        if self.rollout_size % self.num_minibatches:
+            raise UsageError(
+                f"--num-minibatches {self.num_minibatches} does not divide the rollout "
+                f"(num_envs x num_steps = {self.rollout_size}); pick a divisor of "
+                f"{self.rollout_size}"
+            )
 
 
 def ppo_loss(
@@ -78,7 +108,8 @@ def ppo_update(
     check and the logs read nothing else)."""
     last = cfg.num_minibatches - 1
     # The same step in numpy, for small MLPs in host memory (rlstore/fast.py)
-    fast_step = HostPPOStep(agent, optimizer) if HostPPOStep.supports(agent, optimizer) else None
+    fast = cfg.use_fast_paths and HostPPOStep.supports(agent, optimizer)
+    fast_step = HostPPOStep(agent, optimizer) if fast else None
     for _epoch in range(cfg.update_epochs):
         for i, batch in enumerate(storage.minibatches(cfg.num_minibatches)):
             if fast_step is not None:
@@ -106,8 +137,8 @@ def train(
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, "ppo", preset, resume, report)
-    agent, storage, state = build_actor_critic(cfg, "ppo", run.device)
+    run = Run(cfg, ALGORITHM.name, preset, resume, report)
+    agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     # fused: one kernel for all parameters instead of a Python loop over them
     optimizer = torch.optim.Adam(
         agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True
@@ -139,3 +170,13 @@ def train(
                 run.log_scalars(losses)
             storage.after_update()
         return run.finish()
+
+
+ALGORITHM = Algorithm(
+    name="ppo",
+    summary="Proximal Policy Optimization: clipped objective, GAE, minibatch epochs",
+    config=PPOConfig,
+    train=train,
+    action_spaces=(spaces.Discrete, spaces.Box),
+    networks=(ActorCritic, CnnActorCritic),
+)

@@ -103,6 +103,7 @@ class RolloutStorage:
         obs_dtype: torch.dtype | np.dtype | type = torch.float32,
         action_dtype: torch.dtype | np.dtype | type = torch.int64,
         device: torch.device | str = "cpu",
+        fast: bool = True,
     ) -> None:
         if num_steps < 1 or num_envs < 1:
             raise ValueError(f"num_steps and num_envs must be >= 1, got {num_steps}, {num_envs}")
@@ -130,11 +131,12 @@ class RolloutStorage:
         self.valid = torch.zeros((T, N), dtype=torch.bool)
         self.prev_done = torch.zeros(N, dtype=torch.bool)
         self._valid, self._prev_done = self.valid.numpy(), self.prev_done.numpy()
-        # In host memory, insert writes through numpy views: a numpy assignment costs a
-        # fraction of a torch copy_ call, and the step loop makes seven of them.
+        # In host memory, insert writes through numpy views (and compute_returns runs in
+        # numpy): a numpy assignment costs a fraction of a torch copy_ call, and the step
+        # loop makes seven of them. fast=False keeps the torch code everywhere.
         self._views = (
             {name: getattr(self, name).numpy() for name in self._INSERTED}
-            if self.device.type == "cpu"
+            if self.device.type == "cpu" and fast
             else None
         )
         self.step = 0

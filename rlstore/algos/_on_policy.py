@@ -1,4 +1,5 @@
-"""Pieces the algorithms share: schedules, the actor-critic's build and collect loop."""
+"""The on-policy loop that PPO and A2C share: build the actor-critic and its rollout storage,
+collect a rollout, compute its returns."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from rlstore.algos import Algorithm
 from rlstore.config import OnPolicyConfig
 from rlstore.envs import make_training_envs
 from rlstore.fast import LeanRollout
@@ -15,19 +17,6 @@ from rlstore.run import Run, TrainingState
 from rlstore.storage import RolloutStorage
 
 
-def linear_schedule(start: float, end: float, duration: int, t: int) -> float:
-    """`start` at t = 0, moving linearly to `end` at t = duration, then staying there."""
-    if t >= duration:
-        return end
-    return start + max(t, 0) / duration * (end - start)
-
-
-def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The optimizer's parameters, in the order the module gave them: what gradient clipping
-    needs, without walking the module tree (Module.parameters() does, at every call)."""
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
 def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """1 - Var(target - predicted) / Var(target); NaN when the target is constant."""
     var_target = target.var()
@@ -35,13 +24,14 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.T
 
 
 def build_actor_critic(
-    cfg: OnPolicyConfig, algo: str, device: torch.device
+    cfg: OnPolicyConfig, algorithm: Algorithm, device: torch.device
 ) -> tuple[ActorCritic, RolloutStorage, TrainingState]:
     """Envs, actor-critic, rollout storage and (as configured) the observation normalizer
-    and reward scaler for PPO and A2C, in their TrainingState (the optimizer joins it)."""
-    envs = make_training_envs(cfg, algo)
+    and reward scaler of an on-policy algorithm, in their TrainingState (the optimizer
+    joins it)."""
+    envs = make_training_envs(cfg, algorithm)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = actor_critic_for(obs_space, action_space).to(device)
+    agent = actor_critic_for(obs_space, action_space, fast=cfg.use_fast_paths).to(device)
     if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():
         print(
             f"rlstore: {cfg.env_id} has unbounded actions ({action_space}): where a bound is "
@@ -59,6 +49,7 @@ def build_actor_critic(
         obs_dtype=np.float32 if obs_norm else obs_space.dtype,
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
+        fast=cfg.use_fast_paths,
     )
 
     def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
@@ -82,7 +73,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
     reward_scale = state.parts.get("reward_scaler")
     sign_rewards = run.cfg.sign_rewards
     space = envs.single_action_space
-    act_on_host = getattr(agent, "act_on_host", None)  # numpy, for MLPs in host memory
+    act_on_host = agent.act_on_host  # numpy, for MLPs in host memory (None: torch)
     lives = envs if hasattr(envs, "life_lost") else None  # Atari
 
     def step() -> None:
@@ -117,7 +108,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
 
 def compute_returns(agent: ActorCritic, storage: RolloutStorage, cfg: OnPolicyConfig) -> None:
     """Advantages and returns of the rollout, bootstrapped from V(the last observation)."""
-    host_obs, act_on_host = storage.current_obs_on_host, getattr(agent, "act_on_host", None)
+    host_obs, act_on_host = storage.current_obs_on_host, agent.act_on_host
     next_value = act_on_host.value(host_obs) if act_on_host and host_obs is not None else None
     if next_value is None:
         with torch.inference_mode():
