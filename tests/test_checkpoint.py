@@ -21,10 +21,12 @@ from rlstore.envs import make_vec_env
 from rlstore.errors import TrainingInterrupted
 
 
+@pytest.mark.parametrize("fast_paths", ["auto", "off"])
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
-def test_resume_from_a_middle_checkpoint_is_bitwise_identical(algo, tmp_path):
+def test_resume_from_a_middle_checkpoint_is_bitwise_identical(algo, fast_paths, tmp_path):
+    """With the fast paths and without them (the reference code)."""
     module, cfg = SETUPS[algo]
-    cfg = replace(cfg, logdir=str(tmp_path))
+    cfg = replace(cfg, logdir=str(tmp_path), fast_paths=fast_paths)
     full = module.train(cfg)
     saved = checkpoint_files(full.run_dir / "checkpoints")
     assert len(saved) >= 3

@@ -1,5 +1,7 @@
 """The same seed gives the same run on CPU: episode returns and final parameters."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -24,11 +26,13 @@ def tiny(cls, logdir, seed):
     return cls(total_timesteps=4 * 5 * 60, **kwargs)
 
 
+@pytest.mark.parametrize("fast_paths", ["auto", "off"])
 @pytest.mark.parametrize("module, cls", [(ppo, PPOConfig), (a2c, A2CConfig)])
-def test_same_seed_same_run(module, cls, logdir):
-    first = module.train(tiny(cls, logdir, seed=7))
-    second = module.train(tiny(cls, logdir, seed=7))
-    other = module.train(tiny(cls, logdir, seed=8))
+def test_same_seed_same_run(module, cls, fast_paths, logdir):
+    def run(seed):
+        return module.train(dataclasses.replace(tiny(cls, logdir, seed), fast_paths=fast_paths))
+
+    first, second, other = run(7), run(7), run(8)
     assert len(first.episode_returns) > 5
     assert first.episode_returns == second.episode_returns
     for p, q in zip(first.model.parameters(), second.model.parameters(), strict=True):

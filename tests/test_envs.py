@@ -161,7 +161,9 @@ def test_truncation_as_termination_reports_time_limits_as_terminations(tmp_path)
 
     cfg = PPOConfig(env_id="CartPole-v1", num_envs=3, max_episode_steps=15, seed=4)
     plain = make_training_envs(cfg, algos.get("ppo"))
-    cut = make_training_envs(dataclasses.replace(cfg, truncation_as_termination=True), algos.get("ppo"))
+    cut = make_training_envs(
+        dataclasses.replace(cfg, truncation_as_termination=True), algos.get("ppo")
+    )
     plain.reset(seed=4)
     cut.reset(seed=4)
     truncations = 0

@@ -537,3 +537,122 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
         assert any(length < 13 for length in lean[1][1])  # terminations
     for a, b in zip(lean[2], plain[2], strict=True):
         assert np.array_equal(a, b)
+
+
+# -- the algorithms' own update functions, with their fast step and with their reference --
+
+
+def filled_rollout(continuous, rng, T=16, N=4, obs_dim=5, action_dim=3):
+    """A RolloutStorage of random steps (terminations and truncations among them), its
+    returns computed; the stored log-probs are perturbed around an untrained policy's."""
+    from rlstore.storage import RolloutStorage
+
+    storage = RolloutStorage(T, N, (obs_dim,), (action_dim,) if continuous else (),
+                             action_dtype=torch.float32 if continuous else torch.int64)  # fmt: skip
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    storage.reset(f32(N, obs_dim))
+    for _ in range(T):
+        action = f32(N, action_dim) if continuous else rng.integers(0, action_dim, N)
+        storage.insert(f32(N, obs_dim), action, f32(N) * 0.3 - (3.0 if continuous else 1.1),
+                       f32(N), f32(N), rng.random(N) < 0.1, rng.random(N) < 0.05)  # fmt: skip
+    storage.compute_returns(f32(N), 0.99, 0.95)
+    return storage
+
+
+def assert_same_networks(a, b, rtol=1e-4, atol=1e-5):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("target_kl, epochs_run", [(None, 3), (1e-9, 1), (1e9, 3)])
+def test_ppo_update_is_the_same_with_and_without_its_fast_step(continuous, target_kl,
+                                                               epochs_run):  # fmt: skip
+    """ppo_update as it runs (HostPPOStep) and as the reference runs (--fast-paths off: the
+    torch branch) end at the same parameters, losses and step count; target_kl stops both
+    after the first epoch when the KL estimate is above it, and neither when it is not."""
+    import copy
+    import dataclasses
+
+    from rlstore.algos.ppo import PPOConfig, ppo_update
+
+    cfg = PPOConfig(update_epochs=3, num_minibatches=4, ent_coef=0.05, target_kl=target_kl)
+    torch.manual_seed(10)
+    agent = ActorCritic(5, 3, continuous=continuous)
+    twin = copy.deepcopy(agent)
+    opt, twin_opt = (torch.optim.Adam(n.parameters(), lr=3e-3, eps=1e-5, fused=True)
+                     for n in (agent, twin))  # fmt: skip
+    storage = filled_rollout(continuous, np.random.default_rng(11))
+    torch.manual_seed(12)  # the same minibatch shuffles for both
+    fast = ppo_update(agent, opt, storage, cfg)
+    torch.manual_seed(12)
+    reference = ppo_update(twin, twin_opt, storage, dataclasses.replace(cfg, fast_paths="off"))
+    assert_same_networks(agent, twin)
+    for key in reference:
+        torch.testing.assert_close(fast[key], reference[key].detach(), rtol=1e-4, atol=1e-5)
+    steps = {float(state["step"]) for o in (opt, twin_opt) for state in o.state.values()}
+    assert steps == {4.0 * epochs_run}
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_a2c_update_is_the_same_with_and_without_its_fast_step(continuous):
+    """a2c_update with HostA2CStep and with the torch branch: three updates, the same
+    parameters and losses (clipping binds: max_grad_norm is small)."""
+    import copy
+
+    from rlstore.algos.a2c import A2CConfig, a2c_update
+    from rlstore.fast import HostA2CStep
+
+    cfg = A2CConfig(ent_coef=0.05, max_grad_norm=0.1, norm_adv=True)
+    torch.manual_seed(13)
+    agent = ActorCritic(5, 3, continuous=continuous)
+    twin = copy.deepcopy(agent)
+    opt, twin_opt = (torch.optim.RMSprop(n.parameters(), lr=7e-3, alpha=0.99, eps=1e-5,
+                                         foreach=True) for n in (agent, twin))  # fmt: skip
+    fast_step = HostA2CStep(agent, opt)
+    rng = np.random.default_rng(14)
+    for _ in range(3):
+        data = filled_rollout(continuous, rng).flatten()
+        fast = a2c_update(agent, opt, data, cfg, fast_step)
+        reference = a2c_update(twin, twin_opt, data, cfg)
+        for key in reference:
+            torch.testing.assert_close(fast[key], reference[key], rtol=1e-4, atol=1e-5)
+        assert_same_networks(agent, twin, atol=1e-4)
+
+
+@pytest.mark.parametrize("prioritized, max_grad_norm", [(False, 0.1), (True, None)])
+def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritized,
+                                                                      max_grad_norm):  # fmt: skip
+    """gradient_step on a replay buffer, with HostDQNStep and with the torch branch: five
+    steps, the same parameters, losses and (with PER) priorities; max_grad_norm binds."""
+    import copy
+
+    from rlstore.algos.dqn import DQNConfig, gradient_step
+    from rlstore.fast import HostDQNStep
+    from rlstore.storage.replay import ReplayBuffer
+
+    cfg = DQNConfig(batch_size=32, prioritized=prioritized, max_grad_norm=max_grad_norm,
+                    double_dqn=True, loss="huber")  # fmt: skip
+    torch.manual_seed(15)
+    q, target = QNetwork(4, 3), QNetwork(4, 3)
+    twin, twin_target = copy.deepcopy(q), copy.deepcopy(target)
+    opt, twin_opt = (torch.optim.Adam(n.parameters(), lr=1e-2, fused=True) for n in (q, twin))
+    buffers = [ReplayBuffer(200, 2, (4,), prioritized=prioritized, seed=3) for _ in range(2)]
+    rng = np.random.default_rng(16)
+    obs = rng.normal(size=(2, 4)).astype(np.float32)
+    for _ in range(150):
+        next_obs = rng.normal(size=(2, 4)).astype(np.float32)
+        step = (rng.integers(0, 3, 2), rng.normal(size=2), next_obs, rng.random(2) < 0.1,
+                rng.random(2) < 0.05)  # fmt: skip
+        for buffer in buffers:
+            buffer.add(obs, *step)
+        obs = next_obs
+    fast_step = HostDQNStep(q, target, opt)
+    for _ in range(5):
+        loss, q_value = gradient_step(q, target, opt, buffers[0], 0.4, cfg, fast_step)
+        twin_loss, twin_q = gradient_step(twin, twin_target, twin_opt, buffers[1], 0.4, cfg)
+        torch.testing.assert_close(loss, twin_loss.detach(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(q_value, twin_q, rtol=1e-4, atol=1e-5)
+        assert_same_networks(q, twin)
+    if prioritized:
+        np.testing.assert_allclose(buffers[0].tree.leaves, buffers[1].tree.leaves, rtol=1e-4)

@@ -6,6 +6,9 @@ import torch
 
 from rlstore import RolloutStorage
 
+# Every test runs through the fast path and the reference (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("both_storage_paths")
+
 T, N = 6, 3
 
 

@@ -68,6 +68,28 @@ def a2c_loss(
     }
 
 
+def a2c_update(
+    agent: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    data: dict[str, torch.Tensor],
+    cfg: A2CConfig,
+    fast_step: HostA2CStep | None = None,
+) -> dict[str, torch.Tensor]:
+    """One gradient step on the whole rollout (`data`: storage.flatten() after its returns);
+    its losses. `fast_step`, if given, takes the same step in numpy (rlstore/fast.py)."""
+    if fast_step is not None:
+        losses = fast_step(RolloutBatch(*(data[k] for k in RolloutBatch._fields)), cfg)
+    else:
+        log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"])
+        losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
+        optimizer.step()
+    losses.pop("loss")
+    return losses
+
+
 def train(
     cfg: A2CConfig,
     preset: Path | None = None,
@@ -105,18 +127,7 @@ def train(
 
             # -- update: one gradient step on the whole rollout ----------------------------
             data = storage.flatten()
-            if fast_step is not None:  # the same step in numpy (rlstore/fast.py)
-                losses = fast_step(RolloutBatch(*(data[k] for k in RolloutBatch._fields)), cfg)
-                losses.pop("loss")
-            else:
-                log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"])
-                losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy,
-                                  cfg)  # fmt: skip
-                optimizer.zero_grad(set_to_none=True)
-                losses.pop("loss").backward()
-                nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm,
-                                         foreach=True)  # fmt: skip
-                optimizer.step()
+            losses = a2c_update(agent, optimizer, data, cfg, fast_step)
 
             # -- log -----------------------------------------------------------------------
             if run.log_due():
