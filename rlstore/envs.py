@@ -254,6 +254,19 @@ class EpisodeStats:
         self.lengths[done] = 0
         return finished
 
+    def update_one(self, reward: float, done: bool) -> tuple[float, int] | None:
+        """update() for one env (num_envs = 1) with Python scalars: the same state, and the
+        (return, length) of the episode that ended at this step, if one did."""
+        if not self.prev_done[0]:
+            self.returns[0] += reward
+            self.lengths[0] += 1
+        self.prev_done[0] = done
+        if not done:
+            return None
+        finished = float(self.returns[0]), int(self.lengths[0])
+        self.returns[0], self.lengths[0] = 0.0, 0
+        return finished
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Copies, as tensors (a checkpoint holds no numpy arrays)."""
         return {

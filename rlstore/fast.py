@@ -632,8 +632,8 @@ class OneEnvDQNStep:
         self.greedy_actions, self.num_actions = greedy_actions, num_actions
         self.sign_rewards = sign_rewards
         # After its own last step: what it returned, the buffer's add count, and whether
-        # that step ended an episode (envs.autoreset, buffer._last_done and
-        # stats.prev_done, which all hold it).
+        # that step ended an episode (envs.autoreset, buffer.last_done and stats.prev_done,
+        # which all hold it).
         self._next_obs: np.ndarray | None = None
         self._added, self._done = -1, False
 
@@ -656,7 +656,7 @@ class OneEnvDQNStep:
         buffer, run = self.buffer, self.run
         if obs is not self._next_obs or buffer.added != self._added:
             self._next_obs = general(epsilon)
-            self._added, self._done = buffer.added, bool(buffer._last_done[0])
+            self._added, self._done = buffer.added, bool(buffer.last_done[0])
             return self._next_obs
         # epsilon_greedy for one env: the same two uniforms from numpy's global RNG
         explore, which = np.random.random(2).tolist()
@@ -676,49 +676,29 @@ class OneEnvDQNStep:
         envs.observations[0] = next_one
         envs.autoreset[0] = done  # the general calls put new arrays: nothing else holds these
         next_obs = envs.observations.copy()
-        # ReplayBuffer.add, for a stream that goes on (obs is the last next_obs)
-        host, row = buffer._host, buffer.cursor
-        following = (row + 1) % buffer.rows
-        buffer._obs_view[following] = next_obs
-        host["actions"][row, 0] = action
-        host["rewards"][row, 0] = np.sign(reward) if self.sign_rewards else reward
-        host["terminated"][row, 0] = terminated
-        host["truncated"][row, 0] = truncated
-        host["valid"][row, 0] = valid
-        if buffer._bridge_rows:
-            for old in {row, following} & buffer._bridge_rows:
-                host["bridge"][old] = False
-                buffer._bridge_rows.discard(old)
-        buffer._count += valid - bool(host["valid"][following, 0])
-        host["valid"][following, 0] = False
-        buffer.cursor, buffer.added = following, buffer.added + 1
-        buffer._last_next_obs = None  # (its general add then compares with the stored row)
-        buffer._last_done[0] = done
+        # ReplayBuffer.add and Run.record_step, through their one-env doors
+        learnt = np.sign(reward) if self.sign_rewards else reward
+        buffer.add_one(action, learnt, next_obs, terminated, truncated)
         self._added = buffer.added
-        # Run.record_step and EpisodeStats.update
-        stats = run.stats
-        run.global_step += 1
-        if valid:
-            stats.returns[0] += reward
-            stats.lengths[0] += 1
-        stats.prev_done[0] = done
-        if done:
-            episode = float(stats.returns[0]), int(stats.lengths[0])
-            stats.returns[0], stats.lengths[0] = 0.0, 0
+        run.count_steps(1)
+        episode = run.stats.update_one(reward, done)
+        if episode is not None:
             run.record_episodes([episode[0]], [episode[1]])
         self._next_obs = next_obs
         return next_obs
 
 
 class LeanRollout:
-    """The steps of PPO's and A2C's collect loop (algos/common.py's collect_rollout) for a
+    """The steps of PPO's and A2C's collect loop (algos/_on_policy.py's collect_rollout) for a
     LeanSyncVectorEnv, a RolloutStorage in host memory and an ActorCritic acting in numpy:
-    act, step each env, write the storage's row, count the episodes. It stands for
+    act, step each env, write the storage's rows, count the episodes. It stands for
     act_on_host -> envs.step -> storage.insert -> run.record_step and leaves the vector
     env, the storage, the episode statistics, the run and numpy's RNG as those calls would
-    (bit for bit), with each env's results written straight into the storage and the
-    episode statistics kept as Python numbers: for a few small envs, the general calls'
-    checks and batched bookkeeping cost a third of the step.
+    (bit for bit), stepping each env itself and keeping the episode statistics as Python
+    numbers; at the end it hands the rollout to the storage (insert_steps), the last step
+    to the vector env (record_steps) and the statistics to the run, through their public
+    methods. For a few small envs, the general calls' checks and batched bookkeeping cost a
+    third of the step.
 
     With an observation normalizer and a reward scaler (`obs_norm`, `reward_scale`), each
     step's observations and rewards go through them as the loop sends them; without rewards
@@ -736,8 +716,8 @@ class LeanRollout:
     def supports(envs: gym.vector.VectorEnv, storage: Any, act: Any) -> bool:
         return (
             type(envs) is LeanSyncVectorEnv
-            and storage._views is not None
-            and not storage._lives
+            and storage.on_host
+            and not storage.has_lives
             and isinstance(act, HostActorCritic)
             and bool(act.actor())
         )
@@ -746,7 +726,8 @@ class LeanRollout:
         """Whether the env, storage and statistics agree on which envs just ended."""
         done = self.envs.autoreset
         return bool(
-            (done == self.storage._prev_done).all() and (done == self.run.stats.prev_done).all()
+            (done == self.storage.prev_done.numpy()).all()
+            and (done == self.run.stats.prev_done).all()
         )
 
     def collect(self, general_step: Callable[[], None]) -> None:
@@ -755,11 +736,14 @@ class LeanRollout:
         obs_norm, reward_scale = self.obs_norm, self.reward_scale
         while storage.step < storage.num_steps and not self._in_lockstep():
             general_step()
-        start = storage.step
-        if start == storage.num_steps:
+        start, T, N = storage.step, storage.num_steps, storage.num_envs
+        if start == T:
             return
-        views, T, N = storage._views, storage.num_steps, storage.num_envs
-        obs_rows = views["obs"]
+        # The observations of the rollout's steps, as stored (obs[0]: the current one)
+        first = storage.current_obs_on_host
+        obs = np.empty((T - start + 1, *first.shape), dtype=first.dtype)
+        obs[0] = first
+        raw = envs.observations.copy()  # the envs' own observations, when normalized
         space, discrete = envs.single_action_space, envs._discrete
         box = isinstance(space, gym.spaces.Box)  # send the clipped sample, store the raw one
         stats = run.stats
@@ -767,18 +751,16 @@ class LeanRollout:
         ended = envs.autoreset.tolist()  # the last step ended an episode: a pseudo-step next
         env_list = envs.envs
         actor, critic, noise = act.actor(), act.critic(), act.noise(T - start, N)
-        # Each step's outputs, written into the storage once the rollout is complete
-        acted, rewards, terminations, truncations, after_done = [], [], [], [], []
-        for t in range(start, T):
-            action, log_prob, value = act.sample(obs_rows[t], actor, critic, noise[t - start])
+        # Each step's outputs, handed to the storage once the rollout is complete
+        acted, rewards, terminations, truncations = [], [], [], []
+        for j in range(T - start):
+            action, log_prob, value = act.sample(obs[j], actor, critic, noise[j])
             acted.append((action, log_prob, value))
             env_actions = np.clip(action, space.low, space.high) if box else action
             if discrete:  # Python ints, as LeanSyncVectorEnv.step sends them
                 env_actions = env_actions.tolist()
-            # (normalized, the observations go to the storage through the env's own array)
-            next_obs = obs_rows[t + 1] if obs_norm is None else envs.observations
+            next_obs = obs[j + 1] if obs_norm is None else raw
             step_rewards, step_terminated, step_truncated = [0.0] * N, [False] * N, [False] * N
-            after_done.append(ended.copy())  # a pseudo-step: not a valid transition
             finished = None
             for i, env in enumerate(env_list):
                 if ended[i]:  # the pseudo-step: reset, reward 0, no flags
@@ -795,7 +777,7 @@ class LeanRollout:
                     finished = [] if finished is None else finished
                     finished.append(i)
             if obs_norm is not None:
-                obs_rows[t + 1] = obs_norm(next_obs, update=True)
+                obs[j + 1] = obs_norm(raw, update=True)
             if reward_scale is None:
                 rewards.append(step_rewards)
             else:
@@ -803,26 +785,19 @@ class LeanRollout:
                 rewards.append(reward_scale(np.array(step_rewards), *flags))
             terminations.append(step_terminated)
             truncations.append(step_truncated)
-            run.global_step += N
+            run.count_steps(N)
             if finished is not None:
                 run.record_episodes([returns[i] for i in finished], [lengths[i] for i in finished])
                 for i in finished:
                     returns[i], lengths[i] = 0.0, 0
-        # What the general calls leave behind them
-        for name, column in zip(
-            ("actions", "log_probs", "values"), zip(*acted, strict=True), strict=True
-        ):
-            views[name][start:] = np.stack(column)
-        views["rewards"][start:] = rewards  # (rounded to float32 once, as there)
-        views["terminated"][start:], views["truncated"][start:] = terminations, truncations
-        np.logical_not(after_done, out=storage._valid[start:])
-        storage.step, storage._returns_ready = T, False
-        storage._prev_done[:] = ended
-        stats.returns[:], stats.lengths[:], stats.prev_done = returns, lengths, np.array(ended)
-        if obs_norm is None:
-            envs.observations[:] = obs_rows[T]
-        envs.rewards[:], envs.terminations[:] = step_rewards, step_terminated  # the last step's
-        envs.truncations[:], envs.autoreset = step_truncated, np.array(ended)
+        # What the general calls leave behind them, through each one's public methods
+        actions, log_probs, values = (np.stack(column) for column in zip(*acted, strict=True))
+        storage.insert_steps(obs[1:], actions, log_probs, values, np.array(rewards),
+                             np.array(terminations), np.array(truncations))  # fmt: skip
+        stats.load_state_dict({"returns": np.array(returns), "lengths": np.array(lengths),
+                               "prev_done": np.array(ended)})  # fmt: skip
+        envs.record_steps(obs[-1] if obs_norm is None else raw, step_rewards, step_terminated,
+                          step_truncated)  # fmt: skip
 
 
 class LeanSyncVectorEnv(gym.vector.VectorEnv):
@@ -898,6 +873,15 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
             self.truncations.copy(),
             infos,
         )
+
+    def record_steps(self, observations: np.ndarray, rewards: list[float],
+                     terminations: list[bool], truncations: list[bool]) -> None:  # fmt: skip
+        """Take the results of the last step made outside step() (LeanRollout steps the envs
+        in `self.envs` itself), as step() would have kept them."""
+        self.observations[:] = observations
+        self.rewards[:], self.terminations[:] = rewards, terminations
+        self.truncations[:] = truncations
+        self.autoreset = self.terminations | self.truncations
 
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:

@@ -457,10 +457,15 @@ class Run:
         self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
     ) -> None:
         """Count one vector step of env steps; log the episodes that ended at it."""
-        self.global_step += self.cfg.num_envs
+        self.count_steps(self.cfg.num_envs)
         returns, lengths = self.stats.update(rewards, terminated, truncated)
         if len(returns):
             self.record_episodes(returns.tolist(), lengths.tolist())
+
+    def count_steps(self, env_steps: int) -> None:
+        """Count env steps taken (record_step does, for loops that keep the episode
+        statistics themselves and call record_episodes)."""
+        self.global_step += env_steps
 
     def record_episodes(self, returns: list[float], lengths: list[int]) -> None:
         """Log episodes that ended at the current step (record_step calls this)."""

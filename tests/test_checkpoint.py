@@ -15,10 +15,11 @@ import torch
 from tiny_runs import SETUPS, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
-from rlstore.checkpoint import checkpoint_files, env_state, load_env_state, safe_load
+from rlstore.checkpoint import checkpoint_files, env_state, load_env_state
 from rlstore.cli import main
 from rlstore.envs import make_vec_env
 from rlstore.errors import TrainingInterrupted
+from rlstore.files import safe_load
 
 
 @pytest.mark.parametrize("fast_paths", ["auto", "off"])
@@ -121,7 +122,7 @@ def test_broken_and_garbage_checkpoints_fall_back_to_the_newest_valid(tmp_path, 
 
 
 def test_atomic_write_killed_midway_leaves_previous_checkpoint(tmp_path):
-    from rlstore.checkpoint import atomic_save, safe_load
+    from rlstore.files import atomic_save, safe_load
 
     path = tmp_path / "step_000000000001.pt"
     atomic_save({"a": torch.ones(3)}, path)

@@ -177,3 +177,19 @@ def test_truncation_as_termination_reports_time_limits_as_terminations(tmp_path)
         assert not trunc2.any()
         truncations += int(trunc.sum())
     assert truncations > 0
+
+
+def test_update_one_is_update_for_one_env():
+    """EpisodeStats.update_one (Python scalars) gives the episodes and state of update()."""
+    rng = np.random.default_rng(9)
+    batched, scalar = EpisodeStats(1), EpisodeStats(1)
+    for _ in range(200):
+        reward, terminated, truncated = float(rng.normal()), rng.random() < 0.1, rng.random() < 0.05
+        returns, lengths = batched.update(np.array([reward]), np.array([terminated]),
+                                          np.array([truncated]))  # fmt: skip
+        ended = scalar.update_one(reward, terminated or truncated)
+        assert (ended is None) == (len(returns) == 0)
+        if ended is not None:
+            assert ended == (returns[0], lengths[0])
+        for name, value in batched.state_dict().items():
+            assert torch.equal(value, scalar.state_dict()[name]), name

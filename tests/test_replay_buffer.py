@@ -503,3 +503,32 @@ def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
         host += [buffer.depth, buffer.start_slot, buffer.start_owner, buffer.lost]
     host_bytes = sum(t.nbytes for t in host) + (buffer.tree.nodes.nbytes if buffer.tree else 0)
     assert ReplayBuffer.memory_bytes(**kwargs) == (obs.nbytes, host_bytes)
+
+
+def test_add_one_is_add_for_a_one_env_stream():
+    """add_one (a one-env stream that goes on, from Python scalars) leaves the buffer as
+    add() does, over wrap-arounds, terminations, truncations and their pseudo-steps."""
+    rng = np.random.default_rng(8)
+    general, scalar = (ReplayBuffer(30, 1, (3,), seed=1) for _ in range(2))
+    obs = rng.normal(size=(1, 3)).astype(np.float32)
+    done = False
+    for t in range(100):
+        next_obs = rng.normal(size=(1, 3)).astype(np.float32)
+        action, reward = int(rng.integers(0, 4)), float(rng.normal())
+        terminated, truncated = bool(rng.random() < 0.1), bool(rng.random() < 0.05)
+        if done:  # the pseudo-step: reward 0, no flags
+            reward, terminated, truncated = 0.0, False, False
+        general.add(obs, np.array([action]), np.array([reward]), next_obs,
+                    np.array([terminated]), np.array([truncated]))  # fmt: skip
+        if t == 0:  # the first add starts the stream
+            scalar.add(obs, np.array([action]), np.array([reward]), next_obs,
+                       np.array([terminated]), np.array([truncated]))  # fmt: skip
+        else:
+            scalar.add_one(action, reward, next_obs, terminated, truncated)
+        obs, done = next_obs, terminated or truncated
+        assert len(scalar) == len(general)
+        np.testing.assert_array_equal(scalar.last_done, general.last_done)
+    for name, value in general.state_dict().items():
+        other = scalar.state_dict()[name]
+        same = torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+        assert same, name

@@ -173,3 +173,27 @@ def test_state_dict_round_trip_is_exact():
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     with pytest.raises(ValueError, match="state 'obs'"):
         RolloutStorage(T, N, obs_shape=(5,)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("split", [[6], [2, 4], [1, 1, 3, 1], [5, 1]])
+def test_insert_steps_is_insert_step_by_step(split):
+    """k steps in one insert_steps call leave the storage as k inserts do (dones in every
+    position, so that each row's validity follows the one before), rejecting a call that
+    would overflow the rollout."""
+    rng = np.random.default_rng(7)
+    first = rng.normal(size=(N, 4)).astype(np.float32)
+    steps = [step_args(rng, term=rng.random(N) < 0.3, trunc=rng.random(N) < 0.2) for _ in range(T)]
+    one, many = RolloutStorage(T, N, (4,)), RolloutStorage(T, N, (4,))
+    one.reset(first)
+    many.reset(first)
+    for step in steps:
+        one.insert(*step)
+    done = 0
+    for k in split:
+        many.insert_steps(*(np.stack(field) for field in zip(*steps[done : done + k])))
+        done += k
+    for name, value in one.state_dict().items():
+        other = many.state_dict()[name]
+        assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+    with pytest.raises(IndexError, match="room for 0 more steps, not 1"):
+        many.insert_steps(*(np.stack(field) for field in zip(*steps[:1])))

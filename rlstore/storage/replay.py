@@ -48,15 +48,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rlstore.checkpoint import atomic_save, safe_load
-from rlstore.storage.rollout import (
-    Array,
-    _torch_dtype,
-    copy_in,
-    host_array,
-    load_tensors,
-    to_device,
-)
+from rlstore.files import atomic_save, safe_load
+from rlstore.storage.arrays import Array, copy_in, host_array, load_tensors, to_device, torch_dtype
 
 
 class ReplayBatch(NamedTuple):
@@ -83,7 +76,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _itemsize(dtype: torch.dtype | np.dtype | type) -> int:
-    return _torch_dtype(dtype).itemsize
+    return torch_dtype(dtype).itemsize
 
 
 class SumTree:
@@ -226,7 +219,7 @@ class ReplayBuffer:
         self.n_step, self.gamma = n_step, gamma
         self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
         R, N = self.rows, num_envs
-        self.obs_dtype = _torch_dtype(obs_dtype)
+        self.obs_dtype = torch_dtype(obs_dtype)
         self.frame_stack = frame_stack
         self._host_names = self._HOST_TENSORS
         if frame_stack:
@@ -260,7 +253,7 @@ class ReplayBuffer:
                 (R, N, *self.obs_shape), dtype=self.obs_dtype, device=self.device
             )
         # Host tensors, written and read through numpy views (no torch call per field).
-        self.actions = torch.zeros((R, N, *self.action_shape), dtype=_torch_dtype(action_dtype))
+        self.actions = torch.zeros((R, N, *self.action_shape), dtype=torch_dtype(action_dtype))
         self.rewards = torch.zeros((R, N))
         self.terminated = torch.zeros((R, N), dtype=torch.bool)
         self.truncated = torch.zeros((R, N), dtype=torch.bool)
@@ -328,6 +321,37 @@ class ReplayBuffer:
         self._advance(action, reward, terminated, truncated, valid)
         self._last_next_obs = (next_obs.dtype, next_obs.tobytes())
         self._last_done = env_reset
+
+    def add_one(
+        self, action: int, reward: float, next_obs: np.ndarray, terminated: bool, truncated: bool
+    ) -> None:
+        """add() for a one-env buffer of flat observations in host memory with uniform
+        sampling, whose stream goes on (its obs is the previous add's next_obs, which the
+        caller knows): the same state as add(), from Python scalars, without add's checks
+        and batched bookkeeping (OneEnvDQNStep's fast path)."""
+        host, row = self._host, self.cursor
+        following = (row + 1) % self.rows
+        valid = not self._last_done[0]  # the step after a done is a pseudo-step
+        self._obs_view[following] = next_obs
+        host["actions"][row, 0] = action
+        host["rewards"][row, 0] = reward
+        host["terminated"][row, 0] = terminated
+        host["truncated"][row, 0] = truncated
+        host["valid"][row, 0] = valid
+        if self._bridge_rows:
+            for old in {row, following} & self._bridge_rows:
+                host["bridge"][old] = False
+                self._bridge_rows.discard(old)
+        self._count += valid - bool(host["valid"][following, 0])
+        host["valid"][following, 0] = False
+        self.cursor, self.added = following, self.added + 1
+        self._last_next_obs = None  # (the next add() compares with the stored row)
+        self._last_done[0] = terminated or truncated
+
+    @property
+    def last_done(self) -> np.ndarray:
+        """Per env, whether the last add ended an episode (its next step is a pseudo-step)."""
+        return self._last_done.copy()
 
     def _continues(self, obs: np.ndarray) -> np.ndarray | None:
         """Per env, whether `obs` is the previous add's next_obs (its stream goes on); None

@@ -21,14 +21,21 @@ waits for the device.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-Array = torch.Tensor | np.ndarray
+from rlstore.storage.arrays import (
+    Array,
+    checked,
+    copy_in,
+    host_array,
+    load_tensors,
+    to_device,
+    torch_dtype,
+)
 
 
 def compute_gae(
@@ -112,10 +119,10 @@ class RolloutStorage:
         self.device = torch.device(device)
         T, N, dev = num_steps, num_envs, self.device
         self.obs = torch.zeros(
-            (T + 1, N, *self.obs_shape), dtype=_torch_dtype(obs_dtype), device=dev
+            (T + 1, N, *self.obs_shape), dtype=torch_dtype(obs_dtype), device=dev
         )
         self.actions = torch.zeros(
-            (T, N, *self.action_shape), dtype=_torch_dtype(action_dtype), device=dev
+            (T, N, *self.action_shape), dtype=torch_dtype(action_dtype), device=dev
         )
         self.log_probs = torch.zeros((T, N), device=dev)
         self.values = torch.zeros((T, N), device=dev)
@@ -156,6 +163,16 @@ class RolloutStorage:
     def current_obs_on_host(self) -> np.ndarray | None:
         """current_obs as a numpy view, when the storage is in host memory (else None)."""
         return None if self._views is None else self._views["obs"][self.step]
+
+    @property
+    def on_host(self) -> bool:
+        """Whether insert writes numpy views of host memory (the fast path)."""
+        return self._views is not None
+
+    @property
+    def has_lives(self) -> bool:
+        """Whether a lost life was ever given to insert (Atari)."""
+        return self._lives
 
     def reset(self, obs: Array | None = None) -> None:
         """Forget the rollout and any episode in progress; optionally set the first observation."""
@@ -247,6 +264,53 @@ class RolloutStorage:
         np.logical_not(self._prev_done, out=self._valid[t])
         np.logical_or(term, trunc, out=self._prev_done)
         self.step = t + 1
+        self._returns_ready = False
+
+    def insert_steps(
+        self,
+        next_obs: Array,
+        actions: Array,
+        log_probs: Array,
+        values: Array,
+        rewards: Array,
+        terminated: Array,
+        truncated: Array,
+    ) -> None:
+        """k vector steps at once, from current_obs on (each argument has a leading axis of
+        k): the same as k calls of insert without life_lost, with one write per field."""
+        t, k, N = self.step, len(terminated), self.num_envs
+        if k == 0:
+            return
+        if t + k > self.num_steps:
+            raise IndexError(
+                f"RolloutStorage has room for {self.num_steps - t} more steps, not {k}; call "
+                "after_update() before inserting the next rollout"
+            )
+        fields = (
+            ("obs", t + 1, next_obs, (k, *self.obs.shape[1:]), self.obs.dtype),
+            ("actions", t, actions, (k, *self.actions.shape[1:]), self.actions.dtype),
+            ("log_probs", t, log_probs, (k, N), torch.float32),
+            ("values", t, values, (k, N), torch.float32),
+            ("rewards", t, rewards, (k, N), torch.float32),
+        )
+        # Check everything before writing anything: a bad input leaves the storage as it was.
+        arrays = [(name, row, host_array(x, name, shape, dtype))
+                  for name, row, x, shape, dtype in fields]  # fmt: skip
+        term = host_array(terminated, "terminated", (k, N), torch.bool)
+        trunc = host_array(truncated, "truncated", (k, N), torch.bool)
+        arrays += [("terminated", t, term), ("truncated", t, trunc)]
+        for name, row, array in arrays:
+            if self._views is not None:
+                self._views[name][row : row + k] = array
+            else:
+                copy_in(getattr(self, name)[row : row + k], torch.from_numpy(array))
+        if self._lives:
+            self.life_lost[t : t + k] = False
+        done = term | trunc
+        np.logical_not(self._prev_done, out=self._valid[t])
+        np.logical_not(done[:-1], out=self._valid[t + 1 : t + k])
+        self._prev_done[:] = done[-1]
+        self.step = t + k
         self._returns_ready = False
 
     # -- returns ----------------------------------------------------------------------------
@@ -367,80 +431,3 @@ class RolloutStorage:
         self._lives = bool(self.life_lost.any())
         self.step = int(state["step"])
         self._returns_ready = bool(state["returns_ready"])
-
-
-def checked(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """x as a tensor after checking its shape and that its dtype fits `dtype` losslessly."""
-    if not isinstance(x, torch.Tensor):
-        x = torch.from_numpy(x) if isinstance(x, np.ndarray) else torch.as_tensor(x)
-    if x.shape != shape:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-    if x.dtype != dtype and not _fits(x.dtype, dtype):
-        raise TypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
-    return x
-
-
-def host_array(x: Array, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> np.ndarray:
-    """x as a numpy array in host memory, after the same checks as `checked`."""
-    if type(x) is not np.ndarray:  # the usual case first: isinstance(x, Tensor) costs more
-        x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-    if x.shape != shape:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-    if not _numpy_fits(x.dtype, dtype):
-        raise TypeError(f"{name} has dtype {_torch_dtype(x.dtype)}, expected {dtype}")
-    return x
-
-
-@functools.cache
-def _numpy_fits(src: np.dtype, dst: torch.dtype) -> bool:
-    return _fits(_torch_dtype(src), dst)
-
-
-def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst.copy_(src) without a host/device synchronisation.
-
-    A host source for a CUDA destination is staged in pinned memory and copied
-    asynchronously (PyTorch's pinned-memory cache keeps the staging block alive until the
-    copy has run). Everywhere else this is a plain copy.
-    """
-    if dst.is_cuda and not src.is_cuda:  # convert on the host: the staged copy is then exact
-        dst.copy_(src.to(dst.dtype).pin_memory(), non_blocking=True)
-    else:
-        dst.copy_(src)
-
-
-def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """x on `device`, moved like `copy_in` moves it: no synchronisation for host -> CUDA."""
-    if device.type == "cuda" and not x.is_cuda:
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)
-
-
-def load_tensors(owner: Any, names: tuple[str, ...], state: dict[str, Any]) -> None:
-    """Copy state[name] into owner.name for each name, in place, after checking them all."""
-    for name in names:
-        mine, theirs = getattr(owner, name), state[name]
-        if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
-            raise ValueError(
-                f"state '{name}' is {tuple(theirs.shape)} {theirs.dtype}, "
-                f"this {type(owner).__name__} holds {tuple(mine.shape)} {mine.dtype}"
-            )
-    for name in names:
-        getattr(owner, name).copy_(state[name])
-
-
-def _torch_dtype(dtype: torch.dtype | np.dtype | type) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-
-
-def _fits(src: torch.dtype, dst: torch.dtype) -> bool:
-    """Whether values of dtype src go into storage of dtype dst without changing meaning."""
-    if dst == torch.bool:
-        return src == torch.bool
-    if dst.is_floating_point:
-        # float64 env rewards and integer rewards are fine as float32.
-        return src != torch.bool and not src.is_complex
-    # Integer storage (discrete actions, uint8 images): integers only.
-    return not src.is_floating_point and src != torch.bool and not src.is_complex

@@ -1,0 +1,57 @@
+"""Files that survive a crash and load without running code: what checkpoints, model files
+and the storages' own save/load share."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """torch.save to a temporary file in the same folder, flush, fsync, then rename. The file
+    gets the mode that open() would give it (mkstemp's own is private to the owner)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def safe_load(path: str | Path) -> Any:
+    """torch.load without executing code; a clear ValueError when the file is not readable."""
+    try:  # mmap: a large replay buffer is copied from the page cache, not held twice in memory
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not a zip archive, or broken: the plain load tells why
+        pass
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, garbage or foreign files all land here
+        raise ValueError(f"{path} is not a readable checkpoint ({_load_failure(e)})") from None
+
+
+def _load_failure(error: Exception) -> str:
+    """Why torch.load failed, in a few words (its own messages run to paragraphs)."""
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a file of tensors and plain values"
+    if isinstance(error, EOFError) or "zip archive" in str(error):
+        return "truncated or corrupt"
+    line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return line if len(line) <= 120 else line[:120].rsplit(" ", 1)[0] + " ..."
