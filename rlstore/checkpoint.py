@@ -41,8 +41,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlstore.fast import LeanSyncVectorEnv
 from rlstore.files import atomic_save, safe_load
+from rlstore.lean import LeanSyncVectorEnv
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 CHECKPOINT_FORMAT = "rlstore-checkpoint-2"

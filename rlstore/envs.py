@@ -28,7 +28,7 @@ from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
 from rlstore.errors import UsageError
-from rlstore.fast import LeanSyncVectorEnv
+from rlstore.lean import LeanSyncVectorEnv
 
 # Env families that need an optional dependency: (entry-point module prefix or id
 # prefix, what it needs, the rlstore extra that installs it).

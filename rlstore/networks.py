@@ -18,13 +18,25 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlstore.fast import (
-    LOG_SQRT_2PI,
-    HostActorCritic,
-    SequentialRunner,
-    sample_categorical,
-    sample_gaussian,
-)
+from rlstore.host_networks import LOG_SQRT_2PI, HostActorCritic, SequentialRunner
+
+
+def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(action, log-prob) of one sample per row of Categorical(logits=logits), by inverse
+    CDF: the first action whose cumulative probability exceeds a uniform draw."""
+    log_probs = logits.log_softmax(-1)
+    u = torch.rand(logits.shape[0], 1, device=logits.device)
+    below = (log_probs.exp().cumsum(-1) < u).sum(-1, keepdim=True)
+    action = below.clamp_(max=logits.shape[-1] - 1)  # u above a rounded-down total
+    return action.squeeze(-1), log_probs.gather(-1, action).squeeze(-1)
+
+
+def sample_gaussian(mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(action, log-prob) of one sample of Normal(mean, exp(log_std)), summed over the
+    action dimensions; the sample is not clipped."""
+    noise = torch.randn_like(mean)
+    action = mean + log_std.exp() * noise
+    return action, (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(-1)
 
 
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:

@@ -14,6 +14,7 @@ TrainingState, and drives the loop:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import random
@@ -48,7 +49,6 @@ from rlstore.config import CommonConfig, run_dir_prefix, shipped_budget, validat
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.executor import RUNS_AT_ONCE
-from rlstore.fast import flush_denormals, skip_dynamo_import
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural, size
 
@@ -161,6 +161,35 @@ def budget_notes(algo: str, cfg: CommonConfig, preset: Path | None) -> list[str]
         f"{shipped:,} env steps, the published budget ({source}); for a shorter run give "
         "--total-timesteps N"
     ]
+
+
+def skip_dynamo_import() -> None:
+    """Keep torch.optim from importing its compiler stack (torch._dynamo, about 0.9 s at
+    start-up) only to switch it off: it wraps Optimizer methods and the functional
+    adam/rmsprop in torch._disable_dynamo, which imports torch._dynamo on first use and
+    caches the disabled function as `fn.__dynamo_disable`. rlstore never compiles, so this
+    sets that cache to the plain function, where the wrappers are the ones expected; a
+    torch without them is left alone. (Optimizer.step still imports it: the numpy steps of
+    the small MLPs never call step.)"""
+    disable = getattr(torch, "_disable_dynamo", None)
+    if disable is None or "torch._dynamo" in sys.modules:
+        return
+    inner_code = disable(lambda: None).__code__
+    functional = [importlib.import_module(f"torch.optim.{name}") for name in ("adam", "rmsprop")]
+    candidates = [*vars(torch.optim.Optimizer).values(), functional[0].adam, functional[1].rmsprop]
+    for wrapper in candidates:
+        while callable(wrapper):
+            code = getattr(wrapper, "__code__", None)
+            if code is not None and (code is inner_code or code.co_name == "maybe_fallback"):
+                target = wrapper.__wrapped__
+                target.__dynamo_disable = target
+            wrapper = getattr(wrapper, "__wrapped__", None)
+
+
+def flush_denormals(on: bool) -> None:
+    """Flush denormal floats (below ~1e-38) to zero in this thread, as TensorFlow does on
+    CPU; numpy in the same thread is affected too, hence a Run turns it off when it ends."""
+    torch.set_flush_denormal(on)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,6 +1,6 @@
 """Where a step of PPO's collect loop goes, measured inside real `rlstore.algos.ppo.train`
 runs: the loop's own calls (act_on_host -> envs.step -> storage.insert -> run.record_step)
-and LeanRollout's (rlstore/fast.py), one run each, side by side.
+and LeanRollout's (rlstore/lean.py), one run each, side by side.
 
     python scripts/collect_budget.py                  # PPO's CartPole defaults, 100k steps
     python scripts/collect_budget.py --steps 200000 -- --num-envs 2
@@ -23,7 +23,8 @@ from dqn_budget import seconds, timed  # (this script's folder is on the path)
 
 from rlstore.algos import ppo
 from rlstore.cli import parse_train
-from rlstore.fast import HostActorCritic, LeanRollout
+from rlstore.host_networks import HostActorCritic
+from rlstore.lean import LeanRollout
 from rlstore.run import Run
 from rlstore.storage import RolloutStorage
 

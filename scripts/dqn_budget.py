@@ -8,8 +8,8 @@ the gradient step: numpy's, or torch's TD forward, backward and Adam) are wrappe
 timers in place, so each is timed where it runs, caches and all; micro-benchmarks of the
 same calls in isolation read a half to a third of that.
 Prints microseconds per env step for each piece and for the whole run. Single-threaded.
-With one env, OneEnvDQNStep takes the env step, the replay add and the episode statistics
-in one call (rlstore/fast.py): its line covers them, and the greedy actions inside it.
+With one env, LeanDQNStep takes the env step, the replay add and the episode statistics
+in one call (rlstore/lean.py): its line covers them, and the greedy actions inside it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import torch
 from rlstore.algos import dqn
 from rlstore.cli import parse_train
 from rlstore.envs import EpisodeStats
-from rlstore.fast import GreedyActor, HostDQNStep, LeanSyncVectorEnv, OneEnvDQNStep
+from rlstore.host_networks import GreedyActor
+from rlstore.host_updates import HostDQNStep
+from rlstore.lean import LeanDQNStep, LeanSyncVectorEnv
 from rlstore.storage import ReplayBuffer
 
 seconds: defaultdict[str, float] = defaultdict(float)
@@ -54,7 +56,7 @@ def main() -> None:
     ReplayBuffer.add = timed("replay add", ReplayBuffer.add)
     ReplayBuffer.sample = timed("replay sample", ReplayBuffer.sample)
     ReplayBuffer.sample_host = timed("replay sample", ReplayBuffer.sample_host)
-    OneEnvDQNStep.__call__ = timed(ONE_ENV_STEP, OneEnvDQNStep.__call__)
+    LeanDQNStep.__call__ = timed(ONE_ENV_STEP, LeanDQNStep.__call__)
     EpisodeStats.update = timed("episode statistics", EpisodeStats.update)
     GreedyActor.__call__ = timed(GREEDY, GreedyActor.__call__)
     HostDQNStep.__call__ = timed("gradient step (numpy)", HostDQNStep.__call__)

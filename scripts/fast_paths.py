@@ -1,4 +1,4 @@
-"""What each fast path of rlstore.fast buys: each timed against the plain version it stands
+"""What each fast path of rlstore buys: each timed against the plain version it stands
 for, in one process, on the shapes of the default runs. Prints a markdown table (the one in
 docs/maintainers/fast-paths.md).
 
@@ -19,15 +19,10 @@ import numpy as np
 import torch
 from torch.distributions import Categorical
 
-from rlstore.fast import (
-    GreedyActor,
-    HostDQNStep,
-    HostPPOStep,
-    LeanRollout,
-    LeanSyncVectorEnv,
-    sample_categorical,
-)
-from rlstore.networks import ActorCritic, QNetwork
+from rlstore.host_networks import GreedyActor
+from rlstore.host_updates import HostDQNStep, HostPPOStep
+from rlstore.lean import LeanRollout, LeanSyncVectorEnv
+from rlstore.networks import ActorCritic, QNetwork, sample_categorical
 
 
 def per_call_us(fn: Callable[[], object], n: int = 2000) -> float:

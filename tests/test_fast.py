@@ -1,4 +1,6 @@
-"""The fast paths of rlstore.fast, each against the plain version it stands for."""
+"""The fast paths (rlstore/host_networks.py, host_updates.py, lean.py; the run's settings in
+run.py), each against the reference it stands for: the same bits, or the same values to
+float32 rounding where numpy computes what torch does."""
 
 import gymnasium as gym
 import numpy as np
@@ -8,16 +10,16 @@ from extras import requires_extra
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from rlstore.fast import (
-    GreedyActor,
-    LeanRollout,
-    LeanSyncVectorEnv,
-    OneEnvDQNStep,
-    SequentialRunner,
+from rlstore.host_networks import GreedyActor, SequentialRunner
+from rlstore.lean import LeanDQNStep, LeanRollout, LeanSyncVectorEnv
+from rlstore.networks import (
+    ActorCritic,
+    CnnQNetwork,
+    QNetwork,
+    mlp,
     sample_categorical,
     sample_gaussian,
 )
-from rlstore.networks import ActorCritic, CnnQNetwork, QNetwork, mlp
 
 
 def test_sequential_runner_is_the_sequential_bit_for_bit():
@@ -291,7 +293,7 @@ def general_steps(monkeypatch) -> list:
 def test_one_env_dqn_step_is_the_loops_step(
     tmp_path, monkeypatch, general_steps, env_id, sign_rewards
 ):
-    """A one-env DQN run through OneEnvDQNStep ends bit for bit where the loop's own calls
+    """A one-env DQN run through LeanDQNStep ends bit for bit where the loop's own calls
     end: the same replay buffer (wrapped around), episodes, parameters and numpy RNG state,
     with episodes ended by termination and by the time limit (and learnt by sign)."""
     from rlstore.algos import dqn
@@ -299,7 +301,7 @@ def test_one_env_dqn_step_is_the_loops_step(
 
     def train(fast: bool):
         if not fast:
-            monkeypatch.setattr(OneEnvDQNStep, "supports", staticmethod(lambda *args: False))
+            monkeypatch.setattr(LeanDQNStep, "supports", staticmethod(lambda *args: False))
         general_steps.clear()
         seen = {}
         cfg = DQNConfig(env_id=env_id, total_timesteps=3000, learning_starts=500,
@@ -335,7 +337,7 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
     import copy
 
     from rlstore.algos.ppo import PPOConfig, ppo_loss
-    from rlstore.fast import HostPPOStep
+    from rlstore.host_updates import HostPPOStep
 
     cfg = PPOConfig(clip_vloss=clip_vloss, norm_adv=norm_adv, max_grad_norm=max_grad_norm,
                     ent_coef=0.05, clip_coef=0.2)  # fmt: skip
@@ -376,7 +378,7 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
     import copy
 
     from rlstore.algos.dqn import DQNConfig, td_loss
-    from rlstore.fast import HostDQNStep
+    from rlstore.host_updates import HostDQNStep
     from rlstore.storage.replay import ReplayBatch
 
     cfg = DQNConfig(loss=loss, double_dqn=double_dqn, prioritized=prioritized,
@@ -419,7 +421,7 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
     import copy
 
     from rlstore.algos.a2c import A2CConfig, a2c_loss
-    from rlstore.fast import HostA2CStep
+    from rlstore.host_updates import HostA2CStep
 
     cfg = A2CConfig(norm_adv=norm_adv, ent_coef=0.05, max_grad_norm=0.5)
     torch.manual_seed(8)
@@ -601,7 +603,7 @@ def test_a2c_update_is_the_same_with_and_without_its_fast_step(continuous):
     import copy
 
     from rlstore.algos.a2c import A2CConfig, a2c_update
-    from rlstore.fast import HostA2CStep
+    from rlstore.host_updates import HostA2CStep
 
     cfg = A2CConfig(ent_coef=0.05, max_grad_norm=0.1, norm_adv=True)
     torch.manual_seed(13)
@@ -628,7 +630,7 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
     import copy
 
     from rlstore.algos.dqn import DQNConfig, gradient_step
-    from rlstore.fast import HostDQNStep
+    from rlstore.host_updates import HostDQNStep
     from rlstore.storage.replay import ReplayBuffer
 
     cfg = DQNConfig(batch_size=32, prioritized=prioritized, max_grad_norm=max_grad_norm,

@@ -10,7 +10,7 @@ from gymnasium import spaces
 from rlstore.algos import Algorithm
 from rlstore.config import OnPolicyConfig
 from rlstore.envs import make_training_envs
-from rlstore.fast import LeanRollout
+from rlstore.lean import LeanRollout
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
 from rlstore.normalize import ObsNormalizer, RewardScaler
 from rlstore.run import Run, TrainingState
@@ -97,7 +97,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
                        None if lives is None else lives.life_lost)  # fmt: skip
         run.record_step(reward, terminated, truncated)
 
-    # The same steps with fewer calls, for small envs stepped in this process (rlstore/fast.py)
+    # The same steps with fewer calls, for small envs stepped in this process (rlstore/lean.py)
     if not sign_rewards and lives is None and LeanRollout.supports(envs, storage, act_on_host):
         lean = LeanRollout(envs, storage, act_on_host, run, obs_norm, reward_scale)
         lean.collect(general_step=step)

@@ -23,7 +23,7 @@ from rlstore.algos._on_policy import (
 )
 from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.config import Count, Fraction, OnPolicyConfig, Positive
-from rlstore.fast import HostA2CStep
+from rlstore.host_updates import HostA2CStep
 from rlstore.networks import ActorCritic, CnnActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch
@@ -76,7 +76,7 @@ def a2c_update(
     fast_step: HostA2CStep | None = None,
 ) -> dict[str, torch.Tensor]:
     """One gradient step on the whole rollout (`data`: storage.flatten() after its returns);
-    its losses. `fast_step`, if given, takes the same step in numpy (rlstore/fast.py)."""
+    its losses. `fast_step`, if given, takes the same step in numpy (rlstore/host_updates.py)."""
     if fast_step is not None:
         losses = fast_step(RolloutBatch(*(data[k] for k in RolloutBatch._fields)), cfg)
     else:

@@ -32,7 +32,9 @@ from rlstore.config import (
 )
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
-from rlstore.fast import GreedyActor, HostDQNStep, OneEnvDQNStep
+from rlstore.host_networks import GreedyActor
+from rlstore.host_updates import HostDQNStep
+from rlstore.lean import LeanDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.run import Run, TrainingState, TrainResult, check_memory, resolve_device
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -175,7 +177,7 @@ def gradient_step(
     fast_step: HostDQNStep | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One gradient step on a replay batch (priorities updated with PER); (loss, Q(s, a)).
-    `fast_step`, if given, takes the same step in numpy (rlstore/fast.py) on the same
+    `fast_step`, if given, takes the same step in numpy (rlstore/host_updates.py) on the same
     batch as numpy arrays."""
     if fast_step is not None:
         batch = buffer.sample_host(cfg.batch_size, beta=beta)
@@ -254,7 +256,7 @@ def train(
         q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling,
                              fast=cfg.use_fast_paths).to(device)  # fmt: skip
         greedy_actions = q_network.greedy_action
-        if cfg.use_fast_paths:  # the same argmax in numpy (rlstore/fast.py)
+        if cfg.use_fast_paths:  # the same argmax in numpy (rlstore/host_networks.py)
             greedy_actions = GreedyActor(q_network.advantage_path)
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
@@ -275,7 +277,7 @@ def train(
         frame_stack=obs_space.shape[0] if frames else 0,
     )
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
-    # (rlstore/fast.py)
+    # (rlstore/host_updates.py)
     fast = cfg.use_fast_paths and buffer.device.type == "cpu"
     fast = fast and HostDQNStep.supports(q_network, optimizer)
     fast_step = HostDQNStep(q_network, target_network, optimizer) if fast else None
@@ -299,10 +301,10 @@ def train(
         run.record_step(reward, terminated, truncated)
         return next_obs
 
-    # The same step with one env, with fewer calls (rlstore/fast.py)
+    # The same step with one env, with fewer calls (rlstore/lean.py)
     one_env_step = (
-        OneEnvDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards)
-        if cfg.use_fast_paths and OneEnvDQNStep.supports(envs, buffer)
+        LeanDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards)
+        if cfg.use_fast_paths and LeanDQNStep.supports(envs, buffer)
         else None
     )
     with run.start(state):

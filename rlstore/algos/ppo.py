@@ -24,7 +24,7 @@ from rlstore.algos._on_policy import (
 from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.config import Count, OnPolicyConfig, Positive
 from rlstore.errors import UsageError
-from rlstore.fast import HostPPOStep
+from rlstore.host_updates import HostPPOStep
 from rlstore.networks import ActorCritic, CnnActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
@@ -107,7 +107,7 @@ def ppo_update(
     (the KL estimates are computed for the last minibatch of each epoch only: the target-KL
     check and the logs read nothing else)."""
     last = cfg.num_minibatches - 1
-    # The same step in numpy, for small MLPs in host memory (rlstore/fast.py)
+    # The same step in numpy, for small MLPs in host memory (rlstore/host_updates.py)
     fast = cfg.use_fast_paths and HostPPOStep.supports(agent, optimizer)
     fast_step = HostPPOStep(agent, optimizer) if fast else None
     for _epoch in range(cfg.update_epochs):

@@ -328,7 +328,7 @@ class ReplayBuffer:
         """add() for a one-env buffer of flat observations in host memory with uniform
         sampling, whose stream goes on (its obs is the previous add's next_obs, which the
         caller knows): the same state as add(), from Python scalars, without add's checks
-        and batched bookkeeping (OneEnvDQNStep's fast path)."""
+        and batched bookkeeping (LeanDQNStep's fast path)."""
         host, row = self._host, self.cursor
         following = (row + 1) % self.rows
         valid = not self._last_done[0]  # the step after a done is a pseudo-step

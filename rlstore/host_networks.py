@@ -1,0 +1,198 @@
+"""The networks' fast paths: the actor-critic's and Q-network's forward passes without
+nn.Module's per-call dispatch (SequentialRunner), and in numpy on views of the live
+parameters when they lie in host memory (HostActorCritic acts, GreedyActor takes the
+argmax Q). For the small MLPs of classic and continuous control one torch call costs more
+than its arithmetic. Each is tested against the module calls it replaces
+(tests/test_fast.py); docs/maintainers/fast-paths.md says what each buys."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
+    nn.Tanh: torch.tanh,
+    nn.ReLU: torch.relu,
+}
+
+
+class SequentialRunner:
+    """Calls Linear layers and Tanh/ReLU activations in order: the arithmetic of
+    nn.Sequential(*layers)(x), as a loop of F.linear and activation calls.
+
+    It holds the layers' parameters and takes them again when the module's parameters are
+    replaced (moving to or from the meta device does that; `.to(dtype)` and
+    load_state_dict keep them), checking the first weight on each call.
+    """
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        self.linears = [m for m in layers if isinstance(m, nn.Linear)]
+        self.activations = [ACTIVATIONS[type(m)] for m in layers if not isinstance(m, nn.Linear)]
+        kinds = [isinstance(m, nn.Linear) for m in layers]
+        if kinds != [True, False] * (len(self.linears) - 1) + [True]:
+            raise ValueError("layers must alternate Linear and Tanh/ReLU, ending with a Linear")
+        # The first Linear's parameter table, read (never written): a dict lookup per call
+        # tells whether its weight was replaced, where `.weight` costs a Module.__getattr__.
+        self._first = self.linears[0]._parameters
+        self._params = [(m.weight, m.bias) for m in self.linears]
+
+    def parameters(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (weight, bias) of each Linear, as the module holds them now."""
+        if self._params[0][0] is not self._first["weight"]:
+            self._params = [(m.weight, m.bias) for m in self.linears]
+        return self._params
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        params = self._params
+        if params[0][0] is not self._first["weight"]:  # (parameters() inlined: a hot call)
+            params = self.parameters()
+        for (weight, bias), act in zip(params, self.activations, strict=False):
+            x = act(F.linear(x, weight, bias))
+        weight, bias = params[-1]
+        return F.linear(x, weight, bias)
+
+
+class HostViews:
+    """numpy views (W^T, b) of the parameters of a SequentialRunner's Linear layers, when
+    they lie in host memory; taken again when the parameters are replaced or their storage
+    moves (the optimizer and load_state_dict update them in place: the views follow)."""
+
+    def __init__(self, path: SequentialRunner, use_numpy: bool = True) -> None:
+        self.path, self.use_numpy = path, use_numpy
+        self.weight: torch.Tensor | None = None  # the first weight when the views were taken
+        self._pointer = 0  # and where its data lay (`.to(dtype)` keeps the tensor, not the data)
+        self._views: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def __call__(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The views, or [] when the parameters are not in host memory."""
+        params = self.path.parameters()
+        weight = params[0][0]
+        if weight is not self.weight or weight.data_ptr() != self._pointer:
+            self.weight, self._pointer = weight, weight.data_ptr()
+            on_host = weight.device.type == "cpu"
+            self._views = (
+                [(w.detach().numpy().T, b.detach().numpy()) for w, b in params]
+                if on_host and self.use_numpy
+                else []
+            )
+        return self._views
+
+
+@functools.cache
+def _rows(n: int) -> np.ndarray:
+    """0..n-1, for picking one column per row (array[_rows(n), columns]); cached, read-only."""
+    rows = np.arange(n)
+    rows.flags.writeable = False
+    return rows
+
+
+def numpy_mlp(x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]], tanh: bool) -> np.ndarray:
+    """The MLP of `views` on a float32 batch, Tanh or ReLU between the layers."""
+    for weight, bias in views[:-1]:
+        x = x @ weight
+        x += bias
+        if tanh:
+            np.tanh(x, out=x)
+        else:
+            np.maximum(x, 0.0, out=x)
+    weight, bias = views[-1]
+    return x @ weight + bias
+
+
+class GreedyActor:
+    """argmax_a of a Q-network's advantage head for a batch of host observations, as an
+    int64 numpy array (with a dueling head V(s) and the mean advantage are the same for
+    every action, so this is the argmax of Q).
+
+    `path` is the runner from the input to the advantage head. With its parameters in
+    host memory the forward runs in numpy on views of them (HostViews); on any other
+    device, or with `use_numpy=False`, it runs in torch.
+    """
+
+    def __init__(self, path: SequentialRunner, use_numpy: bool = True) -> None:
+        self.path, self.views = path, HostViews(path, use_numpy)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        views = self.views()
+        if not views:
+            with torch.inference_mode():
+                x = torch.as_tensor(obs, device=self.views.weight.device)
+                x = self.path(x.reshape(x.shape[0], -1).float())
+                return x.argmax(-1).cpu().numpy()
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        return numpy_mlp(x, views, tanh=False).argmax(-1)
+
+
+class HostActorCritic:
+    """ActorCritic.act for a batch of host observations, in numpy on views of the live
+    parameters (HostViews): (action, log-prob, value) as numpy arrays. Sampling uses the
+    formulas of sample_categorical and sample_gaussian, with numpy's global RNG (seeded by
+    the run and kept in its checkpoints). For the small MLPs of classic and continuous
+    control one torch call costs more than its arithmetic: numpy's calls cost less.
+    Returns None when the parameters are not in host memory (the caller then uses torch).
+    """
+
+    def __init__(
+        self, actor: SequentialRunner, critic: SequentialRunner, log_std: torch.Tensor | None
+    ) -> None:
+        if any(act is not torch.tanh for act in actor.activations + critic.activations):
+            raise ValueError("HostActorCritic runs Tanh MLPs (ActorCritic's)")
+        self.actor, self.critic, self.log_std = HostViews(actor), HostViews(critic), log_std
+
+    def value(self, obs: np.ndarray) -> np.ndarray | None:
+        """V(obs) in numpy (None when the parameters are not in host memory)."""
+        critic = self.critic()
+        if not critic:
+            return None
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        return numpy_mlp(x, critic, tanh=True)[:, 0]
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        actor, critic = self.actor(), self.critic()
+        if not actor or not critic:
+            return None
+        return self.sample(obs, actor, critic, self.noise(1, len(obs))[0])
+
+    def noise(self, steps: int, num_envs: int) -> np.ndarray:
+        """The random draws of `steps` calls for `num_envs` observations each, as float32
+        (steps, num_envs, 1) uniforms for a categorical, (steps, num_envs, A) standard
+        normals for a Gaussian: drawn at once, they are the numbers that one draw per step
+        takes from numpy's global RNG, which leaves it in the same state."""
+        if self.log_std is None:
+            return np.random.random((steps, num_envs, 1)).astype(np.float32)
+        shape = (steps, num_envs, self.log_std.shape[-1])
+        return np.random.standard_normal(shape).astype(np.float32)
+
+    def sample(
+        self, obs: np.ndarray, actor: list, critic: list, noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(action, log-prob, value) for `obs` with the views `actor` and `critic` (from
+        self.actor() and self.critic()) and one step of `noise`."""
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        out = numpy_mlp(x, actor, tanh=True)
+        value = numpy_mlp(x, critic, tanh=True)[:, 0]
+        if self.log_std is None:  # inverse CDF of the softmax, as sample_categorical
+            # (the ufuncs' own reduce/accumulate: the same sums as .max/.sum/.cumsum, with
+            # less dispatch per call)
+            shifted = out - np.maximum.reduce(out, axis=-1, keepdims=True)
+            log_probs = shifted - np.log(np.add.reduce(np.exp(shifted), axis=-1, keepdims=True))
+            cdf = np.add.accumulate(np.exp(log_probs), axis=-1)
+            # The count of cumulative probabilities below u, as the first one at or above
+            # it (the cdf never falls), and the last action for u above a rounded-down total
+            cdf[:, -1] = np.inf
+            action = (cdf >= noise).argmax(-1)
+            log_prob = log_probs[_rows(len(action)), action]
+            return action, log_prob, value
+        log_std = self.log_std.detach().numpy()
+        action = out + np.exp(log_std) * noise
+        log_prob = (-0.5 * np.square(noise) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
+        return action, log_prob.astype(np.float32), value
