@@ -237,9 +237,8 @@ def _plain(value: Any) -> Any:
         return torch.from_numpy(value.copy()) if value.dtype != object else _UNSAVED
     if isinstance(value, np.random.Generator):
         return {"__generator__": value.bit_generator.state}
-    if isinstance(value, gym.Space):
-        rng = value._np_random
-        return {"__space__": None if rng is None else rng.bit_generator.state}
+    if isinstance(value, gym.Space):  # (np_random makes the generator of an unseeded space)
+        return {"__space__": value.np_random.bit_generator.state}
     if isinstance(value, (list, tuple)):
         items = [_plain(v) for v in value]
         return _UNSAVED if any(v is _UNSAVED for v in items) else type(value)(items)

@@ -101,8 +101,9 @@ def child_rlstore(
         elif algo == "dqn":
             overrides["loss"] = "huber"
         cfg, preset = resolve(algo, env, overrides)
-        module = __import__(f"rlstore.algos.{algo}", fromlist=["train"])
-        result = module.train(cfg, preset)
+        from rlstore import algos
+
+        result = algos.get(algo).train(cfg, preset)
     reach = first_reach(result.episode_returns, result.episode_times)
     return {"sps": result.sps, "to_475_s": None if reach is None else reach - launch}
 

@@ -3,9 +3,12 @@ for, in one process, on the shapes of the default runs. Prints a markdown table 
 docs/maintainers/fast-paths.md).
 
     python scripts/fast_paths.py
+    python scripts/fast_paths.py --runs 3   # whole runs: --fast-paths auto against off
 
 Median of 7 repeats of N calls each, one torch thread and one BLAS thread (rlstore's
-default).
+default). With --runs K: PPO, A2C and DQN on CartPole-v1 at their defaults and presets,
+each run as `rlstore train` in its own process at the default threads, the two modes
+alternating, K runs of each; the median env steps/s of each and their ratio.
 """
 
 from __future__ import annotations
@@ -209,5 +212,47 @@ def main() -> None:
     print(f"\nGymnasium's native CartPoleVectorEnv, one step of 4 envs: {native_us:.1f} us.")
 
 
+WHOLE_RUNS = {  # algorithm: its flags for a run of the defaults, cut short
+    "ppo": ["--total-timesteps", "50000"],
+    "a2c": ["--total-timesteps", "50000"],
+    "dqn": ["--total-timesteps", "40000"],
+}
+
+
+def whole_runs(repeats: int) -> None:
+    """`rlstore train` with --fast-paths auto and off, alternating; medians and ratios."""
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    sps: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as logdir:
+        for algo, flags in WHOLE_RUNS.items():
+            for _ in range(repeats):
+                for mode in ("auto", "off"):
+                    out = subprocess.run(
+                        [sys.executable, "-m", "rlstore", "train", algo, *flags, "--fast-paths",
+                         mode, "--logdir", logdir, "--no-progress", "--checkpoint-every", "0"],
+                        capture_output=True, text=True, check=True,
+                    ).stdout  # fmt: skip
+                    found = re.search(r"\(([\d,]+) steps/s\)", out)
+                    sps.setdefault((algo, mode), []).append(float(found[1].replace(",", "")))
+    print("| algorithm (CartPole-v1) | steps | --fast-paths off, steps/s | auto, steps/s | "
+          "speed-up |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for algo, flags in WHOLE_RUNS.items():
+        off, auto = (statistics.median(sps[algo, mode]) for mode in ("off", "auto"))
+        print(f"| {algo} | {int(flags[1]):,} | {off:,.0f} | {auto:,.0f} | x{auto / off:.2f} |")
+
+
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=0, help="whole runs of each mode (K)")
+    args = parser.parse_args()
+    if args.runs:
+        whole_runs(args.runs)
+    else:
+        main()
