@@ -62,8 +62,39 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def write_checkpoint(path: Path, **fields: Any) -> None:
-    """Write a checkpoint with the fields listed at the top of this module, atomically."""
+def checkpoint_path(directory: Path, global_step: int) -> Path:
+    """Where the checkpoint at `global_step` lives: directory/step_<12-digit step>.pt."""
+    return Path(directory) / f"step_{global_step:012d}.pt"
+
+
+def write_checkpoint(
+    path: Path,
+    *,
+    algo: str,
+    env_id: str,
+    global_step: int,
+    last_log_step: int,
+    episodes: dict[str, list],
+    episode_stats: dict[str, Any],
+    wall_seconds: float,
+    rng: dict[str, Any],
+    policy: dict[str, Any],
+    algorithm: dict[str, Any],
+) -> None:
+    """Write a checkpoint, atomically: the fields listed at the top of this module, and no
+    others (this signature is their one list)."""
+    fields = dict(
+        algo=algo,
+        env_id=env_id,
+        global_step=global_step,
+        last_log_step=last_log_step,
+        episodes=episodes,
+        episode_stats=episode_stats,
+        wall_seconds=wall_seconds,
+        rng=rng,
+        policy=policy,
+        algorithm=algorithm,
+    )
     atomic_save({"format": CHECKPOINT_FORMAT, **fields}, path)
 
 
@@ -85,16 +116,51 @@ def read_newest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | Non
     return None
 
 
-def write_summary(path: Path, **fields: Any) -> None:
+def write_summary(
+    path: Path,
+    *,
+    algo: str,
+    env_id: str,
+    seed: int,
+    global_step: int,
+    wall_seconds: float,
+    episodes: dict[str, list],
+) -> None:
     """Write summary.json (the fields listed at the top of this module), atomically."""
+    fields = dict(
+        algo=algo,
+        env_id=env_id,
+        seed=seed,
+        global_step=global_step,
+        wall_seconds=wall_seconds,
+        episodes=episodes,
+    )
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(fields) + "\n")
     os.replace(tmp, path)
 
 
-def write_policy(path: Path, **fields: Any) -> None:
-    """Write model.pt: algo, env_id, global_step, config, state_dict, policy (the spec),
-    obs_normalizer."""
+def write_policy(
+    path: Path,
+    *,
+    algo: str,
+    env_id: str,
+    global_step: int,
+    config: dict[str, Any],
+    state_dict: dict[str, Any],
+    policy: dict[str, Any],
+    obs_normalizer: dict[str, Any] | None,
+) -> None:
+    """Write model.pt (the fields listed at the top of this module), atomically."""
+    fields = dict(
+        algo=algo,
+        env_id=env_id,
+        global_step=global_step,
+        config=config,
+        state_dict=state_dict,
+        policy=policy,
+        obs_normalizer=obs_normalizer,
+    )
     atomic_save({"format": POLICY_FORMAT, **fields}, path)
 
 

@@ -148,7 +148,9 @@ def finished_steps(run_dir: Path) -> int | None:
     if not summary.is_file():
         return None
     steps = json.loads(summary.read_text())["global_step"]
-    final = Path(run_dir) / "checkpoints" / f"step_{steps:012d}.pt"
+    from rlstore.checkpoint import checkpoint_path  # (torch: not at `rlstore --help`)
+
+    final = checkpoint_path(Path(run_dir) / "checkpoints", steps)
     return steps if final.is_file() else None
 
 

@@ -113,21 +113,21 @@ class HostPPOStep(_ActorCriticStep):
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
         obs, actions, advantages = _minibatch(batch, cfg)
-        run = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
+        outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
         B, clip = len(obs), cfg.clip_coef
         old_value, returns = batch.values.numpy(), batch.returns.numpy()
-        log_ratio = run.log_prob - batch.log_probs.numpy()
+        log_ratio = outputs.log_prob - batch.log_probs.numpy()
         ratio = np.exp(log_ratio)
         unclipped, clipped = -advantages * ratio, -advantages * np.clip(ratio, 1 - clip, 1 + clip)
         policy_loss = np.maximum(unclipped, clipped).mean()
-        error = run.value - returns
+        error = outputs.value - returns
         if cfg.clip_vloss:
-            delta = run.value - old_value
+            delta = outputs.value - old_value
             clipped_error = old_value + np.clip(delta, -clip, clip) - returns
             value_loss = 0.5 * np.maximum(np.square(error), np.square(clipped_error)).mean()
         else:
             value_loss = 0.5 * np.square(error).mean()
-        entropy_mean = run.entropy.mean()
+        entropy_mean = outputs.entropy.mean()
 
         # max passes the gradient to the larger branch (half each on a tie, as torch);
         # clip passes it inside its range, bounds included.
@@ -144,7 +144,7 @@ class HostPPOStep(_ActorCriticStep):
             d_value = scale * (w1 * 2 * error + w2 * 2 * clipped_error)
         else:
             d_value = scale * 2 * error
-        grads = run.gradients(d_ratio * ratio, d_value, cfg.ent_coef)
+        grads = outputs.gradients(d_ratio * ratio, d_value, cfg.ent_coef)
         HostAdam.of(self.optimizer).step(grads, cfg.max_grad_norm)
 
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
@@ -170,13 +170,13 @@ class HostA2CStep(_ActorCriticStep):
 
     def __call__(self, batch: Any, cfg: Any) -> dict[str, torch.Tensor]:
         obs, actions, advantages = _minibatch(batch, cfg)
-        run = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
+        outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
         B, returns = len(obs), batch.returns.numpy()
-        policy_loss = -(advantages * run.log_prob).mean()
-        value_loss = np.square(returns - run.value).mean()
-        entropy_mean = run.entropy.mean()
-        d_value = cfg.vf_coef * 2 * (run.value - returns) / B
-        grads = run.gradients(-advantages / B, d_value, cfg.ent_coef)
+        policy_loss = -(advantages * outputs.log_prob).mean()
+        value_loss = np.square(returns - outputs.value).mean()
+        entropy_mean = outputs.entropy.mean()
+        d_value = cfg.vf_coef * 2 * (outputs.value - returns) / B
+        grads = outputs.gradients(-advantages / B, d_value, cfg.ent_coef)
         group = self.optimizer.param_groups[0]
         params = group["params"]
         coef = _clip_coefficient([grads[p] for p in params], cfg.max_grad_norm)
@@ -275,7 +275,8 @@ class HostAdam:
                 views[2].copy_(state["exp_avg_sq"])
             else:  # as torch's Adam initializes it
                 state["step"] = torch.tensor(0.0)
-            param.data = views[0]
+            with torch.no_grad():  # the parameter's storage becomes the flat buffer's slice
+                param.set_(views[0])
             state["exp_avg"], state["exp_avg_sq"] = views[1], views[2]
             offset += n
         self._flat = tuple(buffer.numpy() for buffer in flat)

@@ -36,6 +36,7 @@ from threadpoolctl import threadpool_limits
 from rlstore.atari import is_atari
 from rlstore.checkpoint import (
     checkpoint_files,
+    checkpoint_path,
     env_state,
     load_env_state,
     read_newest_checkpoint,
@@ -546,7 +547,7 @@ class Run:
         """Write the run's and the algorithm's state atomically; keep the newest K."""
         directory = self.dir / "checkpoints"
         directory.mkdir(exist_ok=True)
-        path = directory / f"step_{self.global_step:012d}.pt"
+        path = checkpoint_path(directory, self.global_step)
         write_checkpoint(
             path,
             algo=self.algo,

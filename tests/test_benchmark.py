@@ -326,24 +326,3 @@ def test_curves_draw_each_rows_reference_band_and_threshold(monkeypatch, tmp_pat
     for row in rows:
         reference = drawn["references"][row.env, row.name]
         assert (reference.band, reference.threshold) == (row.band, row.threshold)
-
-
-def test_executor_children_know_how_many_runs_share_the_machine(monkeypatch, tmp_path):
-    """A suite's runs divide the cores among them (--torch-threads auto, for CNNs)."""
-    import rlstore.executor as executor
-
-    seen = []
-
-    class Finished:
-        returncode = 0
-
-        def __init__(self, command, env, **kwargs):
-            seen.append(env["RLSTORE_RUNS_AT_ONCE"])
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(executor.subprocess, "Popen", Finished)
-    spec = executor.RunSpec("ppo", "CartPole-v1", 1, "ppo", str(tmp_path))
-    executor.LocalExecutor(workers=3).run([spec], lambda spec, status: None)
-    assert seen == ["3"]

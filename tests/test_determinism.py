@@ -2,13 +2,11 @@
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
-from rlstore.algos import a2c, dqn, ppo
+from rlstore.algos import a2c, ppo
 from rlstore.algos.a2c import A2CConfig
-from rlstore.algos.dqn import DQNConfig
 from rlstore.algos.ppo import PPOConfig
 
 
@@ -42,25 +40,3 @@ def test_same_seed_same_run(module, cls, fast_paths, logdir):
         torch.equal(p, q)
         for p, q in zip(first.model.parameters(), other.model.parameters(), strict=True)
     )
-
-
-def denormals_flushed() -> bool:
-    return (torch.tensor([1e-30]) * 1e-10).item() == 0.0  # 1e-40 is a denormal float32
-
-
-def test_training_flushes_denormals_and_stops_after(logdir):
-    """Flushed during the run (speed: DQN's Adam moments decay into denormals), and the
-    process gets IEEE behaviour back afterwards, also for numpy in the same thread."""
-    seen = []
-    cfg = DQNConfig(
-        total_timesteps=300,
-        learning_starts=100,
-        logdir=logdir,
-        progress=False,
-        track_tensorboard=False,
-    )
-    assert not denormals_flushed()
-    dqn.train(cfg, on_step=lambda _: seen.append(denormals_flushed()))
-    assert seen and all(seen)
-    assert not denormals_flushed()
-    assert np.float64(5e-324) > 0

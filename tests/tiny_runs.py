@@ -1,6 +1,7 @@
 """Small training runs that the checkpoint and evaluation tests share."""
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -29,3 +30,10 @@ def same_params(a, b):
 
 def replace(cfg, **changes):
     return dataclasses.replace(cfg, **changes)
+
+
+def only_run_dir(logdir) -> Path:
+    """The one run directory in `logdir`."""
+    dirs = list(Path(logdir).iterdir())
+    assert len(dirs) == 1
+    return dirs[0]

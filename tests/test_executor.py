@@ -1,0 +1,44 @@
+"""The executors (rlstore/executor.py): what a run's child process is told, and which run
+directory is the same run."""
+
+
+def test_executor_children_know_how_many_runs_share_the_machine(monkeypatch, tmp_path):
+    """A suite's runs divide the cores among them (--torch-threads auto, for CNNs)."""
+    import rlstore.executor as executor
+
+    seen = []
+
+    class Finished:
+        returncode = 0
+
+        def __init__(self, command, env, **kwargs):
+            seen.append(env["RLSTORE_RUNS_AT_ONCE"])
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(executor.subprocess, "Popen", Finished)
+    spec = executor.RunSpec("ppo", "CartPole-v1", 1, "ppo", str(tmp_path))
+    executor.LocalExecutor(workers=3).run([spec], lambda spec, status: None)
+    assert seen == ["3"]
+
+
+def test_a_record_older_than_a_field_is_the_same_run_at_its_default(tmp_path):
+    """A run directory whose config.json predates a field (fast_paths) is the run asked for
+    when the field is at its default, and another run when it is not."""
+    import dataclasses
+    import json
+
+    import pytest
+
+    from rlstore.errors import UsageError
+    from rlstore.executor import RunSpec, check_same_config
+
+    spec = RunSpec("ppo", "CartPole-v1", 1, "ppo", str(tmp_path))
+    cfg, _ = spec.config()
+    record = {"algo": "ppo", **dataclasses.asdict(cfg)}
+    del record["fast_paths"]
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    check_same_config(tmp_path, "ppo", cfg)
+    with pytest.raises(UsageError, match="other settings \\(fast_paths\\)"):
+        check_same_config(tmp_path, "ppo", dataclasses.replace(cfg, fast_paths="off"))

@@ -1,0 +1,153 @@
+"""A Run (rlstore/run.py): its first lines, threads, progress and ETA, budget notes, and the
+denormals it flushes while it runs."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from tiny_runs import only_run_dir
+
+from rlstore import config
+from rlstore.algos import dqn
+from rlstore.algos.dqn import DQNConfig
+from rlstore.cli import main, parse_train
+
+
+def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatch, capsys):
+    """`--config fast` is the packaged preset from any directory; the first line names it
+    and the run directory; a total that is not whole rollouts is said to be rounded."""
+    monkeypatch.chdir(tmp_path)  # not the repository: the name must resolve to the package
+    logdir = str(tmp_path / "runs")
+    args = ["train", "ppo", "--config", "fast", "--total-timesteps", "1000", "--logdir", logdir]
+    assert main([*args, "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    run_dir = only_run_dir(logdir)
+    fast = config.PRESET_DIR / "ppo" / "CartPole-v1.fast.toml"
+    assert out[0] == (
+        f"rlstore: ppo on CartPole-v1, preset: none, config file: {fast}; run directory {run_dir}"
+    )
+    record = json.loads((run_dir / "config.json").read_text())
+    rollout = record["num_envs"] * record["num_steps"]
+    assert out[1] == (
+        f"rlstore: --total-timesteps 1,000 is not a whole number of iterations of {rollout:,} "
+        f"env steps; the run takes {1000 - 1000 % rollout:,}"
+    )
+    assert record["config"] == str(fast) and record["resolved"] == {
+        "device": "cpu",
+        "torch_threads": 1,
+    }
+
+
+def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
+    from threadpoolctl import threadpool_info
+
+    from rlstore.algos import dqn
+
+    def blas_threads():
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    seen, seen_blas, before = [], [], blas_threads()
+    for threads in ("auto", 2):
+        torch.set_num_threads(3)
+        cfg = dqn.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
+                               logdir=logdir, progress=False, track_tensorboard=False)  # fmt: skip
+        dqn.train(cfg, on_step=lambda _: (seen.append(torch.get_num_threads()),
+                                          seen_blas.append(blas_threads())))  # fmt: skip
+        want = 1 if threads == "auto" else 2
+        assert set(seen) == {want}
+        assert all(pools == {want} for pools in seen_blas)  # numpy's BLAS follows torch
+        assert blas_threads() == before  # and is given back when the run ends
+        seen.clear()
+        seen_blas.clear()
+    torch.set_num_threads(1)
+    _, cfg, _ = parse_train(["ppo", "--torch-threads", "4"])
+    assert cfg.torch_threads == 4
+    _, cfg, _ = parse_train(["ppo"])
+    assert cfg.torch_threads == "auto"
+
+
+def test_progress_counts_only_this_process_steps(monkeypatch, capsys):
+    from rlstore import run
+
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))
+    progress = run.Progress(200_000, "ppo CartPole-v1", start_step=100_000)
+    progress.update(150_000, 500.0, force=True)  # 50,000 steps in 10 s of this process
+    assert " 5,000 steps/s" in capsys.readouterr().err
+
+
+def test_budget_notes_say_only_what_the_user_asked_for(monkeypatch):
+    from rlstore import run
+
+    def notes(algo, env_id, **flags):
+        cfg, preset = config.resolve(algo, env_id, flags)
+        return run.budget_notes(algo, cfg, preset)
+
+    assert notes("ppo", "CartPole-v1") == []  # 500,000 is not whole rollouts, but the default
+    assert notes("ppo", "CartPole-v1", config="fast") == []  # nor the shipped fast preset
+    [rounded] = notes("ppo", "CartPole-v1", total_timesteps=3000)
+    assert rounded == (
+        "--total-timesteps 3,000 is not a whole number of iterations of 512 env steps; "
+        "the run takes 2,560"
+    )
+    [long] = notes("ppo", "HalfCheetah-v4")
+    assert long.startswith("1,000,000 env steps, the published budget (mujoco.toml)")
+    assert "--total-timesteps N" in long
+    assert notes("ppo", "HalfCheetah-v4", total_timesteps=102_400) == []
+    monkeypatch.setattr(run, "LONG_BUDGET", 100_000)
+    assert "the published budget (the defaults)" in notes("ppo", "CartPole-v1")[0]
+
+
+def test_progress_shows_the_time_left(monkeypatch, capsys):
+    from rlstore import run
+
+    assert [run.duration(s) for s in (4.4, 59.6, 725, 11_220)] == ["4s", "1m00s", "12m05s", "3h07m"]
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))
+    progress = run.Progress(10_000_000, "ppo ALE/Pong-v5")
+    progress.update(10_000, None, force=True)  # 1,000 steps/s: 9,990,000 steps to go
+    assert "eta 2h46m" in capsys.readouterr().err
+
+
+def test_auto_threads_one_for_mlps_the_cores_for_cnns_which_wait_passively(monkeypatch):
+    import os
+
+    from rlstore.run import auto_threads
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("RLSTORE_RUNS_AT_ONCE", raising=False)
+    assert auto_threads(cnn=False) == 1
+    assert auto_threads(cnn=True) == cores  # a run started by hand: every core
+    monkeypatch.setenv("RLSTORE_RUNS_AT_ONCE", str(cores))  # an executor's worker
+    assert auto_threads(cnn=True) == 1 and auto_threads(cnn=False) == 1
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    probe = "import os, rlstore, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert said.stdout.strip() == "PASSIVE"  # set before torch loads, unless the user chose
+    said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
+    assert said.stdout.strip() == "ACTIVE"
+
+
+def test_training_flushes_denormals_and_stops_after(logdir):
+    """Flushed during the run (speed: DQN's Adam moments decay into denormals), and the
+    process gets IEEE behaviour back afterwards, also for numpy in the same thread."""
+    seen = []
+    cfg = DQNConfig(
+        total_timesteps=300,
+        learning_starts=100,
+        logdir=logdir,
+        progress=False,
+        track_tensorboard=False,
+    )
+    assert not denormals_flushed()
+    dqn.train(cfg, on_step=lambda _: seen.append(denormals_flushed()))
+    assert seen and all(seen)
+    assert not denormals_flushed()
+    assert np.float64(5e-324) > 0
+
+
+def denormals_flushed() -> bool:
+    return (torch.tensor([1e-30]) * 1e-10).item() == 0.0  # 1e-40 is a denormal float32
