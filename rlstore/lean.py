@@ -51,7 +51,7 @@ class LeanDQNStep:
             and buffer.num_envs == 1
             and buffer.device.type == "cpu"
             and not buffer.frame_stack
-            and buffer.tree is None
+            and not buffer.prioritized
         )
 
     def __call__(

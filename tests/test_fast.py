@@ -657,4 +657,6 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
         torch.testing.assert_close(q_value, twin_q, rtol=1e-4, atol=1e-5)
         assert_same_networks(q, twin)
     if prioritized:
-        np.testing.assert_allclose(buffers[0].tree.leaves, buffers[1].tree.leaves, rtol=1e-4)
+        np.testing.assert_allclose(
+            buffers[0].priorities.tree.leaves, buffers[1].priorities.tree.leaves, rtol=1e-4
+        )

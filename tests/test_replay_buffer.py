@@ -352,16 +352,16 @@ def test_a_new_transition_in_a_sampled_slot_keeps_the_max_priority():
     scalar_stream(buffer, 4, rng)
     batch = buffer.sample(32)
     buffer.update_priorities(batch.indices, torch.full((32,), 0.5))  # stored: 0.5 each
-    assert set(buffer.tree.leaves[buffer.valid.reshape(-1).numpy()].tolist()) == {0.5}
+    assert set(buffer.priorities.tree.leaves[buffer.valid.reshape(-1).numpy()].tolist()) == {0.5}
     batch = buffer.sample(32)
     scalar_stream(buffer, 5, rng, counter=[100])  # every sampled transition leaves
     buffer.update_priorities(batch.indices, torch.full((32,), 10.46))
     valid = buffer.valid.reshape(-1).numpy()
-    assert set(buffer.tree.leaves[valid].tolist()) == {1.0}  # the max priority seen
-    assert buffer.max_priority == 1.0
+    assert set(buffer.priorities.tree.leaves[valid].tolist()) == {1.0}  # the max priority seen
+    assert buffer.priorities.max_priority == 1.0
     batch = buffer.sample(8)  # and transitions still stored are updated as before
     buffer.update_priorities(batch.indices, torch.full((8,), 3.0))
-    assert buffer.max_priority == 3.0 and 3.0 in buffer.tree.leaves
+    assert buffer.priorities.max_priority == 3.0 and 3.0 in buffer.priorities.tree.leaves
 
 
 @settings(max_examples=50, deadline=None)
@@ -418,8 +418,8 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
         len(buffer),
     )
     if prioritized:
-        np.testing.assert_array_equal(restored.tree.nodes, buffer.tree.nodes)
-        assert restored.max_priority == buffer.max_priority
+        np.testing.assert_array_equal(restored.priorities.tree.nodes, buffer.priorities.tree.nodes)
+        assert restored.priorities.max_priority == buffer.priorities.max_priority
     for a, b in zip(buffer.sample(16), restored.sample(16)):  # same RNG state: same batch
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="prioritized and uniform"):
@@ -501,7 +501,9 @@ def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
             buffer.bridge]  # fmt: skip
     if buffer.frame_stack:
         host += [buffer.depth, buffer.start_slot, buffer.start_owner, buffer.lost]
-    host_bytes = sum(t.nbytes for t in host) + (buffer.tree.nodes.nbytes if buffer.tree else 0)
+    host_bytes = sum(t.nbytes for t in host) + (
+        buffer.priorities.tree.nodes.nbytes if buffer.priorities else 0
+    )
     assert ReplayBuffer.memory_bytes(**kwargs) == (obs.nbytes, host_bytes)
 
 

@@ -32,12 +32,13 @@ padding. The start ring holds one entry per 32 slots by default; when an entry i
 overwritten while its rows are still stored (only with very short episodes), those rows
 and the few before them that could bootstrap from them stop being sampled.
 
-Prioritized replay (proportional, Schaul et al. 2016): a sum tree over all (row, env)
-slots holds priority^alpha; invalid slots hold 0. New transitions get the maximum priority
-seen so far; importance weights (N * P(i))^-beta are divided by the batch maximum. A
-sampled batch's `indices` name transitions, not slots: `write * num_envs + env`, where
-`write` counts the rows written so far. So update_priorities can tell a transition that
-is still stored from a new one that has since taken its slot, and leaves the new one alone.
+Prioritized replay (proportional, Schaul et al. 2016; storage/priorities.py): a sum tree
+over all (row, env) slots holds priority^alpha; invalid slots hold 0. New transitions get
+the maximum priority seen so far; importance weights (N * P(i))^-beta are divided by the
+batch maximum. A sampled batch's `indices` name transitions, not slots: `write * num_envs
++ env`, where `write` counts the rows written so far. So update_priorities can tell a
+transition that is still stored from a new one that has since taken its slot, and leaves
+the new one alone.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import torch
 
 from rlstore.files import atomic_save, safe_load
 from rlstore.storage.arrays import Array, copy_in, host_array, load_tensors, to_device, torch_dtype
+from rlstore.storage.priorities import Priorities
 
 
 class ReplayBatch(NamedTuple):
@@ -77,63 +79,6 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype | np.dtype | type) -> int:
     return torch_dtype(dtype).itemsize
-
-
-class SumTree:
-    """A binary sum tree over `size` leaves (float64 numpy), with vectorized update and search."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.capacity = 1 << max(size - 1, 0).bit_length()  # leaves, a power of two
-        self.nodes = np.zeros(2 * self.capacity, dtype=np.float64)  # root at 1
-
-    @property
-    def total(self) -> float:
-        return float(self.nodes[1])
-
-    @property
-    def leaves(self) -> np.ndarray:
-        return self.nodes[self.capacity : self.capacity + self.size]
-
-    SCALAR_UPDATE_MAX = 16  # below this many leaves a Python walk beats numpy's per-call cost
-
-    def update(self, index: np.ndarray, value: np.ndarray) -> None:
-        """Set leaves `index` to `value` (the last write wins for repeated indices).
-
-        Each changed leaf's ancestors are recomputed as the sum of their two children, so
-        the tree stays exact (no accumulated deltas).
-        """
-        nodes = self.nodes
-        node = np.asarray(index, dtype=np.int64) + self.capacity
-        nodes[node] = value
-        if len(node) <= self.SCALAR_UPDATE_MAX:  # one add: a few leaves, walked one by one
-            for parent in set((node >> 1).tolist()):
-                while parent:
-                    nodes[parent] = nodes[2 * parent] + nodes[2 * parent + 1]
-                    parent >>= 1
-            return
-        node = np.unique(node >> 1)
-        while node[0] >= 1:  # all leaves sit at one depth, so each level is one step up
-            nodes[node] = nodes[2 * node] + nodes[2 * node + 1]
-            node = np.unique(node >> 1)
-
-    def find(self, mass: np.ndarray) -> np.ndarray:
-        """For each prefix mass in [0, total), the leaf whose cumulative range contains it."""
-        node = np.ones(len(mass), dtype=np.int64)
-        mass = np.array(mass, dtype=np.float64)
-        while node[0] < self.capacity:
-            left = self.nodes[2 * node]
-            right = mass >= left
-            mass -= left * right
-            node = 2 * node + right
-        # Rounding can land on an empty leaf at the right edge: step back to a non-empty one.
-        leaf = np.minimum(node - self.capacity, self.size - 1)
-        empty = self.nodes[leaf + self.capacity] <= 0
-        if empty.any():
-            nonzero = np.flatnonzero(self.leaves > 0)
-            pos = np.searchsorted(nonzero, leaf[empty]).clip(0, len(nonzero) - 1)
-            leaf[empty] = nonzero[pos]
-        return leaf
 
 
 class ReplayBuffer:
@@ -266,8 +211,7 @@ class ReplayBuffer:
         self.cursor = 0  # the row the next add writes
         self.added = 0  # rows written in total
         self._count = 0  # valid slots
-        self.max_priority = 1.0
-        self.tree = SumTree(R * N) if prioritized else None
+        self.priorities = Priorities(R * N, alpha, priority_eps) if prioritized else None
         self.generator = np.random.default_rng(seed)
         # The previous add's next_obs as (dtype, bytes): comparing bytes is much faster than
         # np.array_equal at these sizes. None: unknown (fresh, or just loaded).
@@ -410,8 +354,8 @@ class ReplayBuffer:
         if len(flat):
             lost[flat] = True
             self._count -= len(flat)
-            if self.tree is not None:
-                self.tree.update(flat, np.zeros(len(flat)))
+            if self.priorities is not None:
+                self.priorities.clear(flat)
 
     def _write_frames(self, where: int | slice, data: np.ndarray) -> None:
         stored = self.frames if self.frame_stack else self.obs
@@ -503,13 +447,9 @@ class ReplayBuffer:
             host["lost"][nxt] = False
         self._count += np.count_nonzero(valid) - np.count_nonzero(host["valid"][nxt])
         host["valid"][nxt] = False
-        if self.tree is not None:
+        if self.priorities is not None:
             slots = np.arange(N)
-            new = np.where(valid, self.max_priority**self.alpha, 0.0)
-            self.tree.update(
-                np.concatenate([row * N + slots, nxt * N + slots]),
-                np.concatenate([new, np.zeros(N)]),
-            )
+            self.priorities.add(row * N + slots, valid, cleared=nxt * N + slots)
         self.cursor = nxt
         self.added += 1
 
@@ -579,15 +519,8 @@ class ReplayBuffer:
         rewards, discounts and terminations, and its importance weights."""
         if self._count == 0:
             raise ValueError("cannot sample from an empty buffer; check ready(batch_size) first")
-        if self.tree is not None:
-            total = self.tree.total
-            mass = (np.arange(batch_size) + self.generator.random(batch_size)) * (
-                total / batch_size
-            )
-            flat = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
-            probs = self.tree.leaves[flat] / total
-            weights = (self._count * probs) ** -beta
-            weights /= weights.max()
+        if self.priorities is not None:
+            flat, weights = self.priorities.draw(batch_size, self._count, beta, self.generator)
         else:
             flat = self._uniform(batch_size)
             weights = np.ones(batch_size)
@@ -658,10 +591,10 @@ class ReplayBuffer:
         `indices` are a batch's (transition ids). A transition that has left the buffer
         since it was sampled is skipped, so a new one written into its slot keeps the
         priority it entered with."""
-        if self.tree is None:
+        if self.priorities is None:
             raise RuntimeError("update_priorities needs a prioritized buffer (prioritized=True)")
         ids = torch.as_tensor(indices).cpu().numpy()
-        priority = np.abs(torch.as_tensor(td_errors).detach().cpu().numpy()) + self.priority_eps
+        td_errors = torch.as_tensor(td_errors).detach().cpu().numpy()
         write, env = np.divmod(ids, self.num_envs)
         flat = (write % self.rows) * self.num_envs + env
         # A row is rewritten rows writes later, and invalidated (as the cursor row) one before.
@@ -670,9 +603,7 @@ class ReplayBuffer:
             stored &= ~self._host["lost"].reshape(-1)[flat]
         if not stored.any():
             return
-        flat, priority = flat[stored], priority[stored]
-        self.max_priority = max(self.max_priority, float(priority.max()))
-        self.tree.update(flat, priority**self.alpha)
+        self.priorities.update(flat[stored], td_errors[stored])
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -692,11 +623,11 @@ class ReplayBuffer:
         state.update(
             cursor=self.cursor,
             added=self.added,
-            max_priority=self.max_priority,
+            max_priority=self.priorities.max_priority if self.priorities else 1.0,
             n_step=self.n_step,
             gamma=self.gamma,
             alpha=self.alpha,
-            priorities=torch.from_numpy(self.tree.leaves.copy()) if self.tree else None,
+            priorities=self.priorities.leaves() if self.priorities else None,
             rng=self.generator.bit_generator.state,
             last_done=torch.from_numpy(self._last_done.copy()),  # a life loss is no reset
         )
@@ -704,7 +635,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state_dict() into a buffer built with the same arguments."""
-        if (state["priorities"] is None) != (self.tree is None):
+        if (state["priorities"] is None) != (self.priorities is None):
             raise ValueError("prioritized and uniform buffers cannot load each other's state")
         if ("frames" in state) != bool(self.frame_stack):
             raise ValueError("frame-stack and plain buffers cannot load each other's state")
@@ -729,9 +660,8 @@ class ReplayBuffer:
             self._count -= int((self._host["valid"] & self._host["lost"]).sum())
         self._bridge_rows = set(np.flatnonzero(self._host["bridge"].any(axis=1)).tolist())
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
-        self.max_priority = float(state["max_priority"])
-        if self.tree is not None:
-            self.tree.update(np.arange(self.tree.size), state["priorities"].numpy())
+        if self.priorities is not None:
+            self.priorities.load(state["priorities"], float(state["max_priority"]))
         self.generator.bit_generator.state = state["rng"]
 
     def save(self, path: str | Path) -> None:
