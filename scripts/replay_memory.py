@@ -126,7 +126,7 @@ def main() -> None:
 
 def buffer_frames_per(capacity: int) -> float:
     probe = ReplayBuffer(capacity, 1, (K, *FRAME), obs_dtype=np.uint8, frame_stack=K)
-    return probe.frames.nbytes / capacity
+    return probe.stacks.frames.nbytes / capacity
 
 
 if __name__ == "__main__":

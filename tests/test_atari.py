@@ -116,7 +116,7 @@ def test_frame_once_replay_equals_the_stacks_of_a_real_game():
             buffer.add(obs, action, np.sign(reward), next_obs, term, trunc, life_lost)
     assert games >= 4 and losses >= 8
     assert assert_same_as_plain(frames, plain) == len(frames) >= len(plain) - 3 * 2
-    assert frames.frames.nbytes < plain.obs.nbytes / 2  # (a small start ring: 128 stacks)
+    assert frames.stacks.frames.nbytes < plain.obs.nbytes / 2  # (a small start ring: 128 stacks)
 
 
 def test_logged_returns_are_whole_unclipped_games(logdir, monkeypatch):

@@ -80,11 +80,11 @@ def assert_same_as_plain(frames: ReplayBuffer, plain: ReplayBuffer) -> int:
     assert plain._host["valid"].reshape(-1)[valid].all()
     if len(valid) == 0:
         return 0
-    assert torch.equal(frames._stored_obs(valid), plain._stored_obs(valid))
+    assert torch.equal(frames.stored_obs(valid), plain.stored_obs(valid))
     got, want = frames._n_step(valid), plain._n_step(valid)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert torch.equal(frames._stored_obs(got[3]), plain._stored_obs(want[3]))
+    assert torch.equal(frames.stored_obs(got[3]), plain.stored_obs(want[3]))
     return len(valid)
 
 
@@ -132,12 +132,13 @@ def test_a_small_start_ring_drops_rows_it_can_no_longer_rebuild():
 def test_each_frame_is_stored_once_and_a_million_transitions_fit_in_8_gb():
     buffer = ReplayBuffer(10_000, 1, (4, 84, 84), obs_dtype=np.uint8, frame_stack=4)
     frame_bytes = 84 * 84
-    stored = sum(getattr(buffer, name).nbytes for name in buffer._tensors)
+    state = buffer.state_dict()  # the live tensors (and a flag per env)
+    stored = sum(value.nbytes for value in state.values() if isinstance(value, torch.Tensor))
     per_transition = stored / buffer.capacity
     # one frame per row, plus a 3-frame start stack per 32 slots, plus the small fields
     assert per_transition == pytest.approx(frame_bytes * (1 + 3 / 32) + 33, rel=0.01)
     assert per_transition * 1_000_000 < 8e9
-    assert buffer.frames.dtype == torch.uint8
+    assert buffer.stacks.frames.dtype == torch.uint8
 
 
 def test_sampled_frame_stacks_are_uint8_and_equal_the_stream():
@@ -148,7 +149,7 @@ def test_sampled_frame_stacks_are_uint8_and_equal_the_stream():
     assert batch.obs.dtype == torch.uint8 and batch.obs.shape == (64, K, 1, 2)
     write, env = np.divmod(batch.indices.numpy(), 2)
     flat = (write % frames.rows) * 2 + env
-    assert torch.equal(batch.obs, plain._stored_obs(flat))
+    assert torch.equal(batch.obs, plain.stored_obs(flat))
 
 
 def test_save_load_of_a_frame_buffer_is_exact(tmp_path):
@@ -161,7 +162,7 @@ def test_save_load_of_a_frame_buffer_is_exact(tmp_path):
     restored.load(tmp_path / "replay.pt")
     for name in frames._tensors:
         assert torch.equal(getattr(restored, name), getattr(frames, name))
-    assert restored.starts_written == frames.starts_written
+    assert restored.stacks.starts_written == frames.stacks.starts_written
     feed([frames, restored], stream, 30, np.random.default_rng(4))  # both go on alike
     a, b = frames.sample(16), restored.sample(16)
     assert torch.equal(a.obs, b.obs) and torch.equal(a.next_obs, b.next_obs)

@@ -496,11 +496,12 @@ def test_bad_arguments():
 )  # fmt: skip
 def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
     buffer = ReplayBuffer(**kwargs)
-    obs = buffer.frames if buffer.frame_stack else buffer.obs
+    obs = buffer.stacks.frames if buffer.frame_stack else buffer.obs
     host = [buffer.actions, buffer.rewards, buffer.terminated, buffer.truncated, buffer.valid,
             buffer.bridge]  # fmt: skip
     if buffer.frame_stack:
-        host += [buffer.depth, buffer.start_slot, buffer.start_owner, buffer.lost]
+        host += [buffer.stacks.depth, buffer.stacks.start_slot, buffer.stacks.start_owner]
+        host += [buffer.lost]
     host_bytes = sum(t.nbytes for t in host) + (
         buffer.priorities.tree.nodes.nbytes if buffer.priorities else 0
     )

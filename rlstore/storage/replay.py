@@ -20,17 +20,11 @@ The row at the write cursor holds the newest next_obs and no transition, so a bu
 capacity C per env keeps C + 1 rows. n-step windows stop at the first done, at the newest
 row, and never read across the cursor.
 
-Frame stacks (Atari, `frame_stack=k`): each observation is a stack of the last k frames,
-and each frame is stored once. A row keeps only its observation's newest frame, plus its
-depth: how many of the older frames are the newest frames of the rows above it (k - 1
-once the stream has run for k - 1 steps). Where the stream starts (the first row, an
-episode's reset observation, a break), the older frames are the padding the env put
-there, kept in a ring of "start stacks" (k - 1 frames each). A row continues its stream's
-frames when its older frames equal the previous row's newer ones, byte for byte; else it
-starts a new segment. So stacks are rebuilt exactly as the env returned them, whatever its
-padding. The start ring holds one entry per 32 slots by default; when an entry is
-overwritten while its rows are still stored (only with very short episodes), those rows
-and the few before them that could bootstrap from them stop being sampled.
+Frame stacks (Atari, `frame_stack=k`; storage/frame_stacks.py): each frame is stored once,
+and a stack is rebuilt from a row's newest frame and those of the rows above it, or the
+padding the env put where its stream started. A row whose stacks can no longer be rebuilt
+(its frames overwritten) is `lost`: still part of the n-step windows before it, never
+sampled.
 
 Prioritized replay (proportional, Schaul et al. 2016; storage/priorities.py): a sum tree
 over all (row, env) slots holds priority^alpha; invalid slots hold 0. New transitions get
@@ -51,6 +45,7 @@ import torch
 
 from rlstore.files import atomic_save, safe_load
 from rlstore.storage.arrays import Array, copy_in, host_array, load_tensors, to_device, torch_dtype
+from rlstore.storage.frame_stacks import FrameStacks
 from rlstore.storage.priorities import Priorities
 
 
@@ -117,10 +112,8 @@ class ReplayBuffer:
         rows = -(-capacity // num_envs) + 1
         slots = rows * num_envs
         if frame_stack:
-            start_capacity = max(64 * num_envs, slots // 32)
-            frames = slots + start_capacity * (frame_stack - 1)
-            obs = frames * _numel(obs_shape[1:]) * _itemsize(obs_dtype)
-            host = slots * (1 + 4 + 1) + start_capacity * 2 * 8  # depth, start_slot, lost; owner
+            obs, host = FrameStacks.memory_bytes(slots, num_envs, obs_shape, _itemsize(obs_dtype))
+            host += slots  # lost
         else:
             obs, host = slots * _numel(obs_shape) * _itemsize(obs_dtype), 0
         action = _numel(action_shape) * _itemsize(action_dtype)
@@ -167,32 +160,19 @@ class ReplayBuffer:
         self.obs_dtype = torch_dtype(obs_dtype)
         self.frame_stack = frame_stack
         self._host_names = self._HOST_TENSORS
+        self.stacks: FrameStacks | None = None
         if frame_stack:
-            if frame_stack < 2 or len(self.obs_shape) != 3 or self.obs_shape[0] != frame_stack:
+            if self.obs_shape[:1] != (frame_stack,):
                 raise ValueError(
                     f"frame_stack={frame_stack} needs observations of shape (frame_stack, H, W) "
                     f"with frame_stack >= 2, got {self.obs_shape}"
                 )
-            k, frame = frame_stack, self.obs_shape[1:]
-            if self.capacity // N < k:  # a stack must not reach around the ring
-                raise ValueError(f"a frame-stack buffer holds at least {k} transitions per env")
-            self.start_capacity = start_capacity or max(64 * N, R * N // 32)
-            if self.start_capacity < 4 * N:  # one add never reuses a slot it or the last took
-                raise ValueError(f"start_capacity must be at least 4 * num_envs = {4 * N}")
-            # One pool: R * N row frames, then the start ring's (k - 1)-frame stacks.
-            self.frames = torch.zeros(
-                (R * N + self.start_capacity * (k - 1), *frame),
-                dtype=self.obs_dtype,
-                device=self.device,
-            )
-            self.depth = torch.zeros((R, N), dtype=torch.int8)
-            self.start_slot = torch.zeros((R, N), dtype=torch.int32)
-            self.start_owner = torch.full((self.start_capacity, 2), -1, dtype=torch.int64)
-            self.starts_written = 0
+            self.stacks = FrameStacks(R, N, self.obs_shape, self.obs_dtype, self.device,
+                                      start_capacity)  # fmt: skip
             # A transition whose stacks cannot be rebuilt any more: never sampled, though
             # still valid for the n-step windows of the rows before it.
             self.lost = torch.zeros((R, N), dtype=torch.bool)
-            self._host_names = (*self._HOST_TENSORS, "depth", "start_slot", "start_owner", "lost")
+            self._host_names = (*self._HOST_TENSORS, "lost")
         else:
             self.obs = torch.zeros(
                 (R, N, *self.obs_shape), dtype=self.obs_dtype, device=self.device
@@ -206,8 +186,8 @@ class ReplayBuffer:
         self.bridge = torch.zeros((R, N), dtype=torch.bool)  # a break row the stream goes on over
         self._host = {name: getattr(self, name).numpy() for name in self._host_names}
         # A CPU buffer writes its observations through a numpy view too.
-        stored = self.frames if frame_stack else self.obs
-        self._obs_view = stored.numpy() if self.device.type == "cpu" else None
+        flat_obs = not frame_stack and self.device.type == "cpu"
+        self._obs_view = self.obs.numpy() if flat_obs else None
         self.cursor = 0  # the row the next add writes
         self.added = 0  # rows written in total
         self._count = 0  # valid slots
@@ -304,7 +284,7 @@ class ReplayBuffer:
         if self.added == 0:
             return np.zeros(N, dtype=bool)
         if self._last_next_obs is None:  # just loaded: compare with the stored row
-            previous = self._stored_obs(self.cursor * N + np.arange(N)).cpu().numpy()
+            previous = self.stored_obs(self.cursor * N + np.arange(N)).cpu().numpy()
         elif (obs.dtype, obs.tobytes()) == self._last_next_obs:
             return None
         else:
@@ -320,32 +300,16 @@ class ReplayBuffer:
     ) -> None:
         """Store the observations of `row` (the `write`-th row written); `previous` is the
         row above's, when the stream may go on from it."""
-        if not self.frame_stack:
-            self._write_frames(row, obs)
+        if self.stacks is None:
+            if self._obs_view is not None:
+                self._obs_view[row] = obs
+            else:
+                copy_in(self.obs[row], torch.from_numpy(np.ascontiguousarray(obs)))
             return
-        N, k, host = self.num_envs, self.frame_stack, self._host
-        self._drop_rows_losing_frames(row)
-        if previous is None:
-            goes_on = np.zeros(N, dtype=bool)
-        else:  # the older frames are the previous stack's newer ones: one frame is new
-            goes_on = (obs[:, :-1] == previous[:, 1:]).reshape(N, -1).all(axis=1)
-        above = (row - 1) % self.rows
-        host["depth"][row] = np.where(goes_on, np.minimum(host["depth"][above] + 1, k - 1), 0)
-        host["start_slot"][row] = host["start_slot"][above]
-        for env in np.flatnonzero(~goes_on):  # a new segment: keep the padding frames
-            slot = self._claim_start_slot(write, int(env))
-            host["start_slot"][row, env] = slot
-            start = self.rows * N + slot * (k - 1)
-            self._write_frames(slice(start, start + k - 1), obs[env, :-1])
-        self._write_frames(slice(row * N, (row + 1) * N), obs[:, -1])
-
-    def _drop_rows_losing_frames(self, row: int) -> None:
-        """Rewriting `row` takes away the frame that the next k - 1 rows (the oldest stored)
-        may stack on: those that do stop being sampled."""
-        host, N = self._host, self.num_envs
-        for ahead in range(1, self.frame_stack):
-            later = (row + ahead) % self.rows
-            self._mark_lost(later * N + np.flatnonzero(host["depth"][later] >= ahead))
+        lost, overwritten = self.stacks.put(row, obs, write, previous)
+        self._mark_lost(lost)
+        for start_write, env, slot in overwritten:
+            self._forget_segment_start(start_write, env, slot)
 
     def _mark_lost(self, flat: np.ndarray) -> None:
         """Flat slots whose stacks can no longer be rebuilt: they stop being sampled."""
@@ -357,41 +321,16 @@ class ReplayBuffer:
             if self.priorities is not None:
                 self.priorities.clear(flat)
 
-    def _write_frames(self, where: int | slice, data: np.ndarray) -> None:
-        stored = self.frames if self.frame_stack else self.obs
-        if self._obs_view is not None:
-            self._obs_view[where] = data
-        else:
-            copy_in(stored[where], torch.from_numpy(np.ascontiguousarray(data)))
-
-    def _claim_start_slot(self, write: int, env: int) -> int:
-        """The next start-ring slot, for the segment starting at row `write` of `env`. The
-        rows of the segment it held before stop being sampled if they are still stored."""
-        slot = self.starts_written % self.start_capacity
-        owner = self._host["start_owner"]
-        old_write, old_env = (int(x) for x in owner[slot])
-        if old_write >= 0:
-            self._forget_segment_start(old_write, old_env, slot)
-        owner[slot] = (write, env)
-        self.starts_written += 1
-        return slot
-
     def _forget_segment_start(self, write: int, env: int, slot: int) -> None:
-        """Start slot `slot` is being reused: the rows of the segment that began at row
-        `write` whose stacks need it (at most the first k - 1) become lost, and so do the
-        rows before them whose n-step window bootstraps from one of those."""
-        host, k, N, R = self._host, self.frame_stack, self.num_envs, self.rows
+        """Start slot `slot` was reused: the rows of the segment that began at row `write`
+        whose stacks needed it become lost, and so do the rows before them whose n-step
+        window bootstraps from one of those."""
+        R, N = self.rows, self.num_envs
 
         def stored(w: int) -> bool:  # still in the buffer and not the row being written
             return self.added + 1 - R < w < self.added
 
-        lost = [
-            (w % R) * N + env
-            for w in range(write, write + k - 1)
-            if stored(w)
-            and host["depth"][w % R, env] < k - 1
-            and host["start_slot"][w % R, env] == slot
-        ]
+        lost = self.stacks.segment_needs(write, env, slot, stored)
         if not lost:
             return
         self._mark_lost(np.array(lost))
@@ -401,28 +340,13 @@ class ReplayBuffer:
             ends = self._n_step(before)[3]
             self._mark_lost(before[np.isin(ends, lost)])
 
-    def _stored_obs(self, flat: np.ndarray) -> torch.Tensor:
+    def stored_obs(self, flat: np.ndarray) -> torch.Tensor:
         """The observations of flat slots (row * num_envs + env), as stored or rebuilt."""
-        if not self.frame_stack:
-            if self._obs_view is not None:  # in host memory: numpy's gather costs less
-                return torch.from_numpy(self._obs_view.reshape(-1, *self.obs_shape)[flat])
-            return self.obs.view(-1, *self.obs_shape)[
-                to_device(torch.from_numpy(flat), self.device)
-            ]
-        N, k, host = self.num_envs, self.frame_stack, self._host
-        row, env = np.divmod(flat, N)
-        depth = host["depth"].reshape(-1)[flat].astype(np.int64)[..., None]
-        slot = host["start_slot"].reshape(-1)[flat].astype(np.int64)[..., None]
-        position = np.arange(k)  # oldest frame first
-        back = (k - 1) - position  # rows above the slot's own
-        from_rows = ((row[..., None] - back) % self.rows) * N + env[..., None]
-        from_start = self.rows * N + slot * (k - 1) + np.minimum(position + depth, k - 2)
-        index = np.where(back <= depth, from_rows, from_start)
-        if self._obs_view is not None:
-            stacks = torch.from_numpy(self._obs_view[index.reshape(-1)])
-        else:
-            stacks = self.frames[to_device(torch.from_numpy(index.reshape(-1)), self.device)]
-        return stacks.view(*flat.shape, *self.obs_shape)
+        if self.stacks is not None:
+            return self.stacks.stacks(flat)
+        if self._obs_view is not None:  # in host memory: numpy's gather costs less
+            return torch.from_numpy(self._obs_view.reshape(-1, *self.obs_shape)[flat])
+        return self.obs.view(-1, *self.obs_shape)[to_device(torch.from_numpy(flat), self.device)]
 
     def _advance(self, action, reward, terminated, truncated, valid, bridge=None) -> None:
         """Fill the cursor row's transition fields (its obs is in place), move the cursor on."""
@@ -473,7 +397,7 @@ class ReplayBuffer:
         flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
         scalars = np.stack((rewards, discounts, weights, terminated), dtype=np.float32)
         actions = torch.from_numpy(self._host["actions"].reshape(-1, *self.action_shape)[flat])
-        obs = self._stored_obs(np.stack((flat, next_flat)))  # obs and next_obs in one gather
+        obs = self.stored_obs(np.stack((flat, next_flat)))  # obs and next_obs in one gather
         if self.sample_device.type == "cpu":  # no copies: tensors on the numpy arrays
             rewards, discounts, weights = (torch.from_numpy(x) for x in scalars[:3])
             terminated = torch.from_numpy(terminated)
@@ -611,15 +535,15 @@ class ReplayBuffer:
 
     @property
     def _tensors(self) -> tuple[str, ...]:
-        return ("frames" if self.frame_stack else "obs", *self._host_names)
+        return self._host_names if self.stacks else ("obs", *self._host_names)
 
     def state_dict(self) -> dict[str, Any]:
         """The buffer's state. Host tensors are the live ones, not copies (as with
         nn.Module.state_dict): a 1M-transition Atari buffer is ~7 GB, and a copy for a
         checkpoint would double that. Save it before the buffer changes."""
         state: dict[str, Any] = {name: getattr(self, name).cpu() for name in self._tensors}
-        if self.frame_stack:
-            state["starts_written"] = self.starts_written
+        if self.stacks is not None:
+            state.update(self.stacks.state_dict())
         state.update(
             cursor=self.cursor,
             added=self.added,
@@ -646,9 +570,9 @@ class ReplayBuffer:
                     "build the buffer with the saved settings"
                 )
         state = {"bridge": torch.zeros_like(self.bridge), **state}  # saved before bridges
+        if self.stacks is not None:
+            self.stacks.load_state_dict(state)
         load_tensors(self, self._tensors, state)
-        if self.frame_stack:
-            self.starts_written = int(state["starts_written"])
         prev = (int(state["cursor"]) - 1) % self.rows
         self._last_next_obs = None
         if "last_done" in state:
