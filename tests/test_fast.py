@@ -460,6 +460,10 @@ def test_a_run_does_not_import_the_compiler_stack(tmp_path):
     import subprocess
     import sys
 
+    from rlstore.run import SKIP_DYNAMO_TORCH_VERSIONS
+
+    if not torch.__version__.startswith(SKIP_DYNAMO_TORCH_VERSIONS):
+        pytest.skip(f"skip_dynamo_import runs on torch {SKIP_DYNAMO_TORCH_VERSIONS} only")
     code = f"""
 import sys
 from rlstore.cli import main
