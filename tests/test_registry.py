@@ -5,6 +5,7 @@ rlstore/algos names an algorithm."""
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,10 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture
 def plugin(monkeypatch):
-    """RLSTORE_ALGORITHMS names tests/reinforce_plugin.py, for this process and its children."""
+    """RLSTORE_ALGORITHMS names tests/reinforce_plugin.py, for this process and its children;
+    the registry is as it was after the test."""
+    monkeypatch.setattr(algos, "_registered", dict(algos._registered))
+    monkeypatch.delitem(sys.modules, "reinforce_plugin", raising=False)  # imported afresh
     monkeypatch.setenv(algos.PLUGINS, "reinforce_plugin")
     path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)
@@ -76,6 +80,13 @@ def test_train_help_lists_a_registered_algorithm(plugin, capsys):
 def test_an_unknown_algorithm_offers_the_close_name(capsys):
     assert main(["train", "pp0"]) == 2
     assert "unknown algorithm 'pp0'; did you mean 'ppo'?" in capsys.readouterr().err
+
+
+def test_an_unknown_algorithm_without_a_close_name_points_to_the_plugin_variable(capsys):
+    assert main(["train", "reinforce"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown algorithm 'reinforce'; choose one of a2c, dqn, ppo" in err
+    assert "name its module in RLSTORE_ALGORITHMS" in err
 
 
 def test_a_plugin_module_that_does_not_import_is_one_line(monkeypatch, capsys):

@@ -113,7 +113,8 @@ def get(name: str) -> Algorithm:
     known = names()
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
-    raise UsageError(f"unknown algorithm '{name}'; {hint}choose one of {', '.join(known)}")
+    outside = "" if close else f" (one defined outside rlstore: name its module in {PLUGINS})"
+    raise UsageError(f"unknown algorithm '{name}'; {hint}choose one of {', '.join(known)}{outside}")
 
 
 def all_algorithms() -> list[Algorithm]:
