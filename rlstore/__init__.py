@@ -37,6 +37,7 @@ _EXPORTS = {
     "PPOConfig": "rlstore.algos.ppo",
     "A2CConfig": "rlstore.algos.a2c",
     "UsageError": "rlstore.errors",
+    "Callback": "rlstore.run",
     "train_ppo": ("rlstore.algos.ppo", "train"),
     "train_a2c": ("rlstore.algos.a2c", "train"),
 }

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from rlstore.config import CommonConfig, resolve, run_dir_prefix
 from rlstore.errors import TrainingInterrupted, UsageError
 
 if TYPE_CHECKING:
-    from rlstore.run import Run
+    from rlstore.run import Callback
 
 RUNS_AT_ONCE = "RLSTORE_RUNS_AT_ONCE"  # runs sharing this machine, for --torch-threads auto
 
@@ -103,13 +103,13 @@ class RunSpec:
             shutil.rmtree(path)
         return "new", None
 
-    def complete(self, report: Callable[[Run], None] | None = None) -> dict:
+    def complete(self, callbacks: Sequence[Callback] = ()) -> dict:
         """Finish the run in this process (start, resume or read it back); its summary."""
         status, path = self.state()
         if status != "done":
             cfg, preset = self.config()
             train = algos.get(self.algo).train
-            path = train(cfg, preset, resume=path, report=report).run_dir
+            path = train(cfg, preset, resume=path, callbacks=callbacks).run_dir
         return read_summary(path)
 
 

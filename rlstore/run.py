@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +266,27 @@ class Progress:
             sys.stderr.flush()
 
 
+class Callback:
+    """Hooks into a training run, for code that trains from Python: subclass it and override
+    what you need (docs/guides/training.md, "From Python"). Each hook gets the Run:
+    `run.global_step`, `run.episode_returns`, `run.recent_mean_return`, and `run.state`, the
+    algorithm's TrainingState (its policy, and its other parts by name: optimizer, storage
+    or buffer, target network). A hook that returns False stops the run after this
+    iteration: `train` then finishes it there (final checkpoint, model.pt, summary), and
+    `rlstore resume` can continue it later."""
+
+    def on_iteration(self, run: Run) -> bool | None:
+        """After each iteration of the training loop (a rollout and its update for PPO and
+        A2C, a vector step for DQN)."""
+
+    def on_log(self, run: Run, scalars: dict[str, float]) -> bool | None:
+        """When an update's scalars are logged (at most every Run.LOG_EVERY_STEPS env steps,
+        and at the end), with those scalars as floats."""
+
+    def on_checkpoint(self, run: Run, path: Path) -> bool | None:
+        """After each checkpoint is written, with its path."""
+
+
 @dataclasses.dataclass
 class TrainResult:
     run_dir: Path
@@ -358,12 +379,11 @@ class Run:
         algo: str,
         preset: Path | None = None,
         resume_dir: Path | None = None,
-        report: Callable[[Run], None] | None = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
         """Check everything that can be checked before anything is built, set torch's
-        threads, seed the RNGs and pick the device (`self.device`). `report`, if given, is
-        called with the Run whenever the update scalars are logged (sweeps watch a run's
-        episodes through it)."""
+        threads, seed the RNGs and pick the device (`self.device`). `callbacks` see the
+        run as it goes (Callback; sweeps watch a run's episodes through one)."""
         validate(cfg)
         spec = check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
@@ -376,7 +396,8 @@ class Run:
         self._blas_threads = threadpool_limits(threads, user_api="blas")
         seed_everything(cfg.seed)
         self.cfg, self.algo, self.preset, self.resume_dir = cfg, algo, preset, resume_dir
-        self.report = report
+        self.callbacks = list(callbacks)
+        self.stopped_by: Callback | None = None  # the callback that asked to stop
         self.global_step = 0
         self.seconds_before = 0.0  # wall time of the processes that ran before a resume
         self.last_log_step = 0
@@ -479,6 +500,14 @@ class Run:
         while self.global_step < self.cfg.steps_run:
             before = self.global_step
             yield self.global_step // self.cfg.iteration_steps
+            self._call("on_iteration")
+            if self.stopped_by is not None:
+                print(
+                    f"rlstore: stopped by {type(self.stopped_by).__name__} at step "
+                    f"{self.global_step:,}; continue with: rlstore resume {self.dir}",
+                    file=sys.stderr,
+                )
+                return
             every = self.cfg.checkpoint_every
             if every > 0 and self.global_step // every > before // every:
                 self.save_checkpoint()
@@ -538,8 +567,7 @@ class Run:
                 self.writer.add_scalar(name, float(value), self.global_step)
             self.writer.add_scalar("charts/SPS", sps, self.global_step)
         self.progress.update(self.global_step, self.recent_mean_return)
-        if self.report is not None:
-            self.report(self)
+        self._call("on_log", {name: float(value) for name, value in scalars.items()})
 
     # -- signals and checkpoints --------------------------------------------------------------
 
@@ -570,7 +598,14 @@ class Run:
         )
         for old in checkpoint_files(directory)[self.cfg.keep_checkpoints :]:
             old.unlink()
+        self._call("on_checkpoint", path)
         return path
+
+    def _call(self, hook: str, *args: Any) -> None:
+        """Call `hook` of every callback; the first that returns False stops the run."""
+        for callback in self.callbacks:
+            if getattr(callback, hook)(self, *args) is False and self.stopped_by is None:
+                self.stopped_by = callback
 
     def finished_episodes(self) -> dict[str, list]:
         """Returns, lengths and global steps of every finished episode (checkpoints and

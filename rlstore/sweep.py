@@ -197,10 +197,16 @@ def trial(params: dict[str, Any], spec: dict[str, Any], out: str) -> None:
             tune.report({"score": score, "seeds_done": 0, "env_steps": marks[reported]})
             reported += 1
 
+    from rlstore.run import Callback
+
+    class ReportMarks(Callback):  # the first seed's scores, as its run reaches each mark
+        def on_log(self, run: Any, scalars: dict[str, float]) -> None:
+            report_marks(run, run.global_step)
+
     scores = []
     for i, seed in enumerate(sweep.seeds):
-        on_log = (lambda run: report_marks(run, run.global_step)) if i == 0 else None
-        summary = _run(sweep, params, seed, trial_dir).complete(on_log)
+        callbacks = [ReportMarks()] if i == 0 else []
+        summary = _run(sweep, params, seed, trial_dir).complete(callbacks)
         if i == 0:
             report_marks(summary, summary["global_step"])
         scores.append(score_until(summary))

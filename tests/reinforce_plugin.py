@@ -35,8 +35,8 @@ def reinforce_loss(log_prob, value, returns, cfg: ReinforceConfig) -> torch.Tens
 
 
 def train(cfg: ReinforceConfig, preset: Path | None = None, resume: Path | None = None,
-          report=None) -> TrainResult:  # fmt: skip
-    run = Run(cfg, ALGORITHM.name, preset, resume, report)
+          callbacks=()) -> TrainResult:  # fmt: skip
+    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
     agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate)
     state.parts["optimizer"] = optimizer

@@ -84,6 +84,7 @@ def random_stream(env_id, num_envs, steps, seed=0, **kwargs):
     envs.close()
 
 
+@pytest.mark.slow
 def test_preprocessing_and_life_losses_on_a_real_game():
     games = losses = 0
     prev_done = np.zeros(2, dtype=bool)
@@ -104,6 +105,7 @@ def test_preprocessing_and_life_losses_on_a_real_game():
     assert games >= 2 and losses >= 2 * games
 
 
+@pytest.mark.slow
 def test_frame_once_replay_equals_the_stacks_of_a_real_game():
     kwargs = dict(capacity=1000, num_envs=2, obs_shape=(4, 84, 84), obs_dtype=np.uint8, n_step=3)
     frames, plain = ReplayBuffer(**kwargs, frame_stack=4), ReplayBuffer(**kwargs)
@@ -119,6 +121,7 @@ def test_frame_once_replay_equals_the_stacks_of_a_real_game():
     assert frames.stacks.frames.nbytes < plain.obs.nbytes / 2  # (a small start ring: 128 stacks)
 
 
+@pytest.mark.slow
 def test_logged_returns_are_whole_unclipped_games(logdir, monkeypatch):
     """The run's episode returns are the env's own rewards summed over whole games (all
     lives), counted by a spy on the env, although the learner sees their signs."""
@@ -148,6 +151,7 @@ def test_logged_returns_are_whole_unclipped_games(logdir, monkeypatch):
     assert max(raw_rewards) > 1 and life_losses[0] > len(games)  # clipping or lives would show
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_cli_trains_on_an_atari_id_with_its_defaults(algo, logdir, capsys):
     budget = {
@@ -168,6 +172,7 @@ def test_cli_trains_on_an_atari_id_with_its_defaults(algo, logdir, capsys):
     assert main(["eval", str(run_dir), "--episodes", "1"]) == 0
 
 
+@pytest.mark.slow
 def test_gymnasium_wrappers_give_the_same_kind_of_stream():
     """--vectorization sync: Gymnasium's AtariPreprocessing instead of ale-py's vector env,
     with the same shapes, zero padding at a game's start, FIRE reset and life losses."""
@@ -188,6 +193,7 @@ def test_gymnasium_wrappers_give_the_same_kind_of_stream():
     assert losses >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fire_on_life_loss", [False, True])
 def test_fire_after_a_lost_life_is_an_option(fire_on_life_loss, logdir, capsys):
     """A policy that only ever does NOOP: FIRE at reset launches Breakout's first ball, and

@@ -70,6 +70,7 @@ def tiny(tmp_path_factory):
     return suite, out, result.returncode, result.stdout
 
 
+@pytest.mark.slow
 def test_suite_runs_every_run_and_a_second_start_does_nothing(tiny, capsys):
     suite, out, code, stdout = tiny
     assert code == 1, stdout  # the dqn row is below its band
@@ -84,12 +85,14 @@ def test_suite_runs_every_run_and_a_second_start_does_nothing(tiny, capsys):
     assert len(list((out / "runs").iterdir())) == 3
 
 
+@pytest.mark.slow
 @needs("plot", "matplotlib")
 def test_suite_draws_its_curves(tiny):
     _, out, _, _ = tiny
     assert (out / "curves.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_results_table_equals_the_same_runs_made_by_hand(tiny, tmp_path, capsys):
     _, out, _, _ = tiny
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
@@ -126,6 +129,7 @@ def test_results_table_equals_the_same_runs_made_by_hand(tiny, tmp_path, capsys)
     assert "BELOW" in table and "a test" in table
 
 
+@pytest.mark.slow
 def test_a_larger_budget_extends_finished_runs_and_a_smaller_one_is_refused(tmp_path, capsys):
     """Finished runs asked for more steps resume to the new total: the same run directory,
     its episodes so far unchanged. Fewer steps than a run made: one line, nothing touched."""
@@ -267,6 +271,7 @@ def test_bad_suites_are_one_line_and_write_nothing(tmp_path, capsys, text, messa
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_changed_suite_does_not_reuse_or_damage_old_runs(tiny, tmp_path, capsys):
     _, out, _, _ = tiny
     before = summaries(out / "runs")
@@ -288,6 +293,7 @@ def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
     assert "no Ray cluster answers at 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -309,6 +315,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_child_processes_get_one_torch_thread(tiny):
     _, out, _, _ = tiny
     for config in (out / "runs").glob("*/config.json"):

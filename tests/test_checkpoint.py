@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_runs import SETUPS, params, replace, same_params
+from tiny_runs import SETUPS, Watch, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
 from rlstore.checkpoint import checkpoint_files, env_state, load_env_state
@@ -22,7 +22,7 @@ from rlstore.errors import TrainingInterrupted
 from rlstore.files import safe_load
 
 
-@pytest.mark.parametrize("fast_paths", ["auto", "off"])
+@pytest.mark.parametrize("fast_paths", ["auto", pytest.param("off", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
 def test_resume_from_a_middle_checkpoint_is_bitwise_identical(algo, fast_paths, tmp_path):
     """With the fast paths and without them (the reference code)."""
@@ -48,13 +48,13 @@ def test_interrupted_dqn_resumes_to_the_same_run(tmp_path):
     cfg = replace(cfg, logdir=str(tmp_path), checkpoint_every=0)
     full = dqn.train(replace(cfg, logdir=str(tmp_path / "full")))
 
-    def interrupt(state):
-        if state["global_step"] == 1500:
+    def interrupt(run):
+        if run.global_step == 1500:
             os.kill(os.getpid(), signal.SIGINT)
 
     before = signal.getsignal(signal.SIGINT)  # (ignored when the tests run in the background)
     with pytest.raises(TrainingInterrupted) as info:
-        dqn.train(cfg, on_step=interrupt)
+        dqn.train(cfg, callbacks=[Watch(interrupt)])
     assert info.value.exit_code == 130
     (run_dir,) = Path(tmp_path).glob("CartPole-v1__dqn__*")
     # the signal lands in the iteration that ends at step 1500: it finishes, checkpoints, stops

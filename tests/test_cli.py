@@ -47,6 +47,7 @@ def test_train_smoke_writes_config_and_named_scalars(algo, logdir, capsys):
     assert f"{algo} CartPole-v1: " in out and "steps/s" in out  # the one-line summary
 
 
+@pytest.mark.slow
 def test_continuous_actions_smoke(logdir):
     """Pendulum: the Gaussian head, with actions clipped only on their way to the env."""
     args = ["train", "ppo", "--env", "Pendulum-v1", "--num-steps", "64", "--logdir", logdir]

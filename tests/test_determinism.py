@@ -24,7 +24,7 @@ def tiny(cls, logdir, seed):
     return cls(total_timesteps=4 * 5 * 60, **kwargs)
 
 
-@pytest.mark.parametrize("fast_paths", ["auto", "off"])
+@pytest.mark.parametrize("fast_paths", ["auto", pytest.param("off", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("module, cls", [(ppo, PPOConfig), (a2c, A2CConfig)])
 def test_same_seed_same_run(module, cls, fast_paths, logdir):
     def run(seed):

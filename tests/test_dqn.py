@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import Watch
 
 from rlstore.algos import dqn
 from rlstore.algos.dqn import DQNConfig
@@ -32,12 +33,13 @@ def tiny(logdir, **overrides):
 def test_target_network_changes_exactly_at_sync_steps(num_envs, logdir):
     seen = []
 
-    def watch(state):
-        target = torch.cat([p.flatten() for p in state["target_network"].parameters()]).clone()
-        online = torch.cat([p.flatten() for p in state["q_network"].parameters()])
-        seen.append((state["global_step"], target, torch.equal(target, online)))
+    def watch(run):
+        target_network, q_network = run.state.parts["target_model"], run.state.policy
+        target = torch.cat([p.flatten() for p in target_network.parameters()]).clone()
+        online = torch.cat([p.flatten() for p in q_network.parameters()])
+        seen.append((run.global_step, target, torch.equal(target, online)))
 
-    dqn.train(tiny(logdir, num_envs=num_envs), on_step=watch)
+    dqn.train(tiny(logdir, num_envs=num_envs), callbacks=[Watch(watch)])
     changed = [
         step for (step, t, _), (_, prev, _) in zip(seen[1:], seen) if not torch.equal(t, prev)
     ]
@@ -52,25 +54,31 @@ def test_target_network_changes_exactly_at_sync_steps(num_envs, logdir):
 
 def test_soft_target_updates_move_by_tau(logdir):
     seen = []
-    dqn.train(
-        tiny(logdir, tau=0.5, total_timesteps=1300),
-        on_step=lambda s: seen.append(  # noqa: E731
-            (
-                s["global_step"],
-                [p.clone() for p in s["target_network"].parameters()],
-                [p.clone() for p in s["q_network"].parameters()],
-            )
-        ),
-    )
+
+    def watch(run):
+        target_network, q_network = run.state.parts["target_model"], run.state.policy
+        seen.append((run.global_step, [p.clone() for p in target_network.parameters()],
+                     [p.clone() for p in q_network.parameters()]))  # fmt: skip
+
+    dqn.train(tiny(logdir, tau=0.5, total_timesteps=1300), callbacks=[Watch(watch)])
     before = next(t for step, t, _ in seen if step == 1199)
     after, online = next((t, q) for step, t, q in seen if step == 1200)
     for b, a, q in zip(before, after, online):
         torch.testing.assert_close(a, b + 0.5 * (q - b))
 
 
-def test_epsilon_at_chosen_steps(logdir):
+def test_epsilon_at_chosen_steps(logdir, monkeypatch):
+    """The epsilon each step acted with, as the loop logs it (every step here)."""
+    from rlstore.run import Callback, Run
+
     eps = {}
-    dqn.train(tiny(logdir), on_step=lambda s: eps.setdefault(s["global_step"] - 1, s["epsilon"]))
+
+    class Logged(Callback):
+        def on_log(self, run, scalars):  # logged after the step it acted at
+            eps.setdefault(run.global_step - 1, scalars["charts/epsilon"])
+
+    monkeypatch.setattr(Run, "LOG_EVERY_STEPS", 1)
+    dqn.train(tiny(logdir), callbacks=[Logged()])
     assert eps[0] == 1.0
     assert eps[750] == pytest.approx(1.0 - 0.5 * 0.95)  # halfway through 0.5 x 3000 steps
     assert eps[1500] == 0.05 and eps[2999] == 0.05
@@ -144,6 +152,7 @@ def test_dueling_head_is_value_plus_centred_advantage():
     torch.testing.assert_close(net(obs), net.value(x) + adv - adv.mean(-1, keepdim=True))
 
 
+@pytest.mark.slow
 def test_same_seed_same_run(logdir):
     runs = [dqn.train(tiny(logdir, seed=s, prioritized=True, n_step=2)) for s in (3, 3, 4)]
     assert runs[0].episode_returns == runs[1].episode_returns

@@ -129,6 +129,7 @@ def test_eval_bad_input(tmp_path, capsys):
             assert "rlstore[video]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs("video", "moviepy", "pygame")
 def test_eval_records_a_video_when_moviepy_is_installed(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "not-there"))  # no display, no session

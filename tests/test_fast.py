@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from extras import requires_extra
+from tiny_runs import Watch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
@@ -283,6 +284,7 @@ def general_steps(monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "env_id, sign_rewards",
     [
@@ -308,7 +310,7 @@ def test_one_env_dqn_step_is_the_loops_step(
                         buffer_size=700, batch_size=32, max_episode_steps=40,
                         sign_rewards=sign_rewards, seed=5, device="cpu", progress=False,
                         track_tensorboard=False, logdir=str(tmp_path / str(fast)))  # fmt: skip
-        result = dqn.train(cfg, on_step=seen.update)
+        result = dqn.train(cfg, callbacks=[Watch(lambda run: seen.update(run.state.parts))])
         return result, seen["buffer"].state_dict(), np.random.get_state(), len(general_steps)
 
     fast, plain = train(fast=True), train(fast=False)
@@ -454,6 +456,7 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
                                        rtol=1e-3, atol=1e-8)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_run_does_not_import_the_compiler_stack(tmp_path):
     """skip_dynamo_import: PPO, A2C and DQN runs on small MLPs (numpy steps, checkpoints
     written and read) never import torch._dynamo, which costs about 0.9 s at start-up."""

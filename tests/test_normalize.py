@@ -80,6 +80,7 @@ def small_run(tmp_path, **changes):
     return dataclasses.replace(cfg, **changes)
 
 
+@pytest.mark.slow
 def test_resume_with_normalization_is_bitwise_the_same_run(tmp_path):
     cfg = small_run(tmp_path)
     full = ppo.train(cfg)

@@ -35,6 +35,7 @@ def test_anneal_lr_sets_the_optimizers_rate(algo, anneal_lr, tmp_path):
     assert K > 2 and lr == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_per_beta_anneals_from_per_beta_to_one(monkeypatch, tmp_path):
     """Prioritized replay samples with beta going linearly from per_beta at the start to 1
     at the end of training."""

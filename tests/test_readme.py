@@ -4,6 +4,8 @@ command."""
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,6 +28,7 @@ def test_ci_runs_the_readme_test_command():
     assert command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_docs_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ran = 0

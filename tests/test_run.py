@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
-from tiny_runs import only_run_dir
+from tiny_runs import Watch, only_run_dir
 
 from rlstore import config
 from rlstore.algos import dqn
@@ -40,6 +41,7 @@ def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatc
     }
 
 
+@pytest.mark.slow
 def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
     from threadpoolctl import threadpool_info
 
@@ -53,8 +55,8 @@ def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
         torch.set_num_threads(3)
         cfg = dqn.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
                                logdir=logdir, progress=False, track_tensorboard=False)  # fmt: skip
-        dqn.train(cfg, on_step=lambda _: (seen.append(torch.get_num_threads()),
-                                          seen_blas.append(blas_threads())))  # fmt: skip
+        dqn.train(cfg, callbacks=[Watch(lambda _: (seen.append(torch.get_num_threads()),
+                                                   seen_blas.append(blas_threads())))])  # fmt: skip
         want = 1 if threads == "auto" else 2
         assert set(seen) == {want}
         assert all(pools == {want} for pools in seen_blas)  # numpy's BLAS follows torch
@@ -111,6 +113,7 @@ def test_progress_shows_the_time_left(monkeypatch, capsys):
     assert "eta 2h46m" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_auto_threads_one_for_mlps_the_cores_for_cnns_which_wait_passively(monkeypatch):
     import os
 
@@ -143,7 +146,7 @@ def test_training_flushes_denormals_and_stops_after(logdir):
         track_tensorboard=False,
     )
     assert not denormals_flushed()
-    dqn.train(cfg, on_step=lambda _: seen.append(denormals_flushed()))
+    dqn.train(cfg, callbacks=[Watch(lambda _: seen.append(denormals_flushed()))])
     assert seen and all(seen)
     assert not denormals_flushed()
     assert np.float64(5e-324) > 0
@@ -151,3 +154,41 @@ def test_training_flushes_denormals_and_stops_after(logdir):
 
 def denormals_flushed() -> bool:
     return (torch.tensor([1e-30]) * 1e-10).item() == 0.0  # 1e-40 is a denormal float32
+
+
+def test_callbacks_see_iterations_logs_and_checkpoints_and_can_stop_a_run(tmp_path, capsys):
+    """A callback returning False stops the run after that iteration; the run is finished
+    there (model.pt, summary, final checkpoint) and resumes to its total later."""
+    import json
+
+    from rlstore.algos import ppo
+    from rlstore.config import resolve
+    from rlstore.run import Callback
+
+    class Seen(Callback):
+        def __init__(self):
+            self.steps, self.logged, self.checkpoints = [], [], []
+
+        def on_iteration(self, run):
+            self.steps.append(run.global_step)
+            return run.global_step < 1536  # stop after the iteration that reaches 1536
+
+        def on_log(self, run, scalars):
+            self.logged.append((run.global_step, scalars["losses/value_loss"]))
+
+        def on_checkpoint(self, run, path):
+            self.checkpoints.append((run.global_step, path.is_file()))
+
+    cfg, preset = resolve("ppo", "CartPole-v1", dict(
+        total_timesteps=4096, num_steps=128, checkpoint_every=1024, logdir=str(tmp_path),
+        progress=False, track_tensorboard=False))  # fmt: skip
+    seen = Seen()
+    result = ppo.train(cfg, preset, callbacks=[seen])
+    assert seen.steps == [512, 1024, 1536] and result.global_step == 1536
+    assert "rlstore: stopped by Seen at step 1,536" in capsys.readouterr().err
+    assert seen.checkpoints == [(1024, True), (1536, True)]  # the due one, the final one
+    assert seen.logged and all(isinstance(value, float) for _, value in seen.logged)
+    assert json.loads((result.run_dir / "summary.json").read_text())["global_step"] == 1536
+    assert (result.run_dir / "model.pt").is_file()
+    assert main(["resume", str(result.run_dir), "--no-progress"]) == 0
+    assert json.loads((result.run_dir / "summary.json").read_text())["global_step"] == 4096

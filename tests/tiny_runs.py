@@ -9,6 +9,7 @@ from rlstore.algos import a2c, dqn, ppo
 from rlstore.algos.a2c import A2CConfig
 from rlstore.algos.dqn import DQNConfig
 from rlstore.algos.ppo import PPOConfig
+from rlstore.run import Callback
 
 COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
 SETUPS = {
@@ -37,3 +38,13 @@ def only_run_dir(logdir) -> Path:
     dirs = list(Path(logdir).iterdir())
     assert len(dirs) == 1
     return dirs[0]
+
+
+class Watch(Callback):
+    """Calls `fn(run)` after every iteration of a run (for DQN: every vector step)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def on_iteration(self, run) -> None:
+        self.fn(run)

@@ -38,7 +38,7 @@ class Algorithm:
     name: the command (`rlstore train NAME`) and the name in run directories and records;
     summary: one line for `rlstore train --help`;
     config: its config dataclass (a CommonConfig), which is also its command line;
-    train: `train(cfg, preset=None, resume=None, report=None) -> TrainResult`;
+    train: `train(cfg, preset=None, resume=None, callbacks=()) -> TrainResult`;
     action_spaces: the action space classes it can act in (gymnasium.spaces.Discrete, Box);
     networks: the network classes its model.pt may hold; each has a SPEC_NAME, a
       `spec_args()` and a `from_spec(spec)` (rlstore/networks.py), from which `rlstore eval`

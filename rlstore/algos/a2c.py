@@ -6,7 +6,7 @@ collect -> compute returns -> one update -> log.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.config import Count, Fraction, OnPolicyConfig, Positive
 from rlstore.host_updates import HostA2CStep
 from rlstore.networks import ActorCritic, CnnActorCritic
-from rlstore.run import Run, TrainResult
+from rlstore.run import Callback, Run, TrainResult
 from rlstore.storage import RolloutBatch
 
 
@@ -94,14 +94,15 @@ def train(
     cfg: A2CConfig,
     preset: Path | None = None,
     resume: Path | None = None,
-    report: Callable[[Run], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> TrainResult:
-    """Train A2C as configured, or continue the run in `resume` from its newest checkpoint.
+    """Train A2C as configured, or continue the run in `resume` from its newest checkpoint;
+    `callbacks` see the run as it goes (rlstore.run.Callback).
 
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, ALGORITHM.name, preset, resume, report)
+    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
     agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     optimizer = torch.optim.RMSprop(
         agent.parameters(),

@@ -9,10 +9,10 @@ batch -> every target_network_frequency steps a target update -> log.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -36,7 +36,14 @@ from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep
 from rlstore.lean import LeanDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
-from rlstore.run import Run, TrainingState, TrainResult, check_memory, resolve_device
+from rlstore.run import (
+    Callback,
+    Run,
+    TrainingState,
+    TrainResult,
+    check_memory,
+    resolve_device,
+)
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 
@@ -232,16 +239,15 @@ def train(
     cfg: DQNConfig,
     preset: Path | None = None,
     resume: Path | None = None,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    report: Callable[[Run], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> TrainResult:
-    """Train DQN as configured, or continue the run in `resume` from its newest checkpoint.
+    """Train DQN as configured, or continue the run in `resume` from its newest checkpoint;
+    `callbacks` see the run after every vector step (rlstore.run.Callback).
 
-    `on_step`, if given, sees the loop's state after every vector step (tests use it to
-    watch the target network and epsilon).
+    Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, ALGORITHM.name, preset, resume, report)
+    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
     device = run.device
     envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
@@ -339,16 +345,6 @@ def train(
                     metrics["losses/td_loss"] = last_update[0].detach()
                     metrics["losses/q_values"] = last_update[1].mean()
                 run.log_scalars(metrics)
-            if on_step is not None:
-                on_step(
-                    {
-                        "global_step": run.global_step,
-                        "epsilon": epsilon,
-                        "q_network": q_network,
-                        "target_network": target_network,
-                        "buffer": buffer,
-                    }
-                )
         return run.finish()
 
 

@@ -6,7 +6,7 @@ collect -> compute returns -> minibatch updates -> log.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from rlstore.config import Count, OnPolicyConfig, Positive
 from rlstore.errors import UsageError
 from rlstore.host_updates import HostPPOStep
 from rlstore.networks import ActorCritic, CnnActorCritic
-from rlstore.run import Run, TrainResult
+from rlstore.run import Callback, Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 
 
@@ -130,14 +130,15 @@ def train(
     cfg: PPOConfig,
     preset: Path | None = None,
     resume: Path | None = None,
-    report: Callable[[Run], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> TrainResult:
-    """Train PPO as configured, or continue the run in `resume` from its newest checkpoint.
+    """Train PPO as configured, or continue the run in `resume` from its newest checkpoint;
+    `callbacks` see the run as it goes (rlstore.run.Callback).
 
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, ALGORITHM.name, preset, resume, report)
+    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
     agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     # fused: one kernel for all parameters instead of a Python loop over them
     optimizer = torch.optim.Adam(
