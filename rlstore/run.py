@@ -388,7 +388,8 @@ class Run:
         spec = check_env_id(cfg.env_id)
         self.device = resolve_device(cfg.device)
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
-        skip_dynamo_import()  # before any optimizer exists
+        if cfg.use_fast_paths:
+            skip_dynamo_import()  # before any optimizer exists
         threads = auto_threads(is_atari(spec)) if cfg.torch_threads == "auto" else cfg.torch_threads
         torch.set_num_threads(threads)
         # numpy's BLAS too (the numpy fast paths): its threads would spin on shared cores
@@ -451,7 +452,7 @@ class Run:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
-        flush_denormals(True)  # until close()
+        flush_denormals(cfg.use_fast_paths)  # until close()
         return self
 
     def __enter__(self) -> Run:

@@ -1,7 +1,8 @@
 """A2C (Mnih et al. 2016, synchronous): one gradient step per short rollout.
 
-Reads top to bottom: the loss as a pure function, then train(): build, and the loop of
-collect -> compute returns -> one update -> log.
+Reads top to bottom: the config, the loss as a pure function, the update, then train():
+build, and the loop of collect -> compute returns -> one update -> log; last, its registry
+entry (ALGORITHM).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """DQN (Mnih et al. 2015) with the usual options: Double DQN, dueling head, n-step returns,
 prioritized replay, hard or soft target updates.
 
-Reads top to bottom: the TD loss as a pure function, then train(): build, and the loop of
-act (epsilon-greedy) -> store -> every train_frequency steps a gradient step on a replay
-batch -> every target_network_frequency steps a target update -> log.
+Reads top to bottom: the config, the TD loss as a pure function, then train(): build, and
+the loop of act (epsilon-greedy) -> store -> every train_frequency steps a gradient step on
+a replay batch -> every target_network_frequency steps a target update -> log; last, its
+registry entry (ALGORITHM).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """PPO (Schulman et al. 2017), clipped surrogate objective with GAE.
 
-Reads top to bottom: the loss as a pure function, then train(): build, and the loop of
-collect -> compute returns -> minibatch updates -> log.
+Reads top to bottom: the config, the loss as a pure function, the update, then train():
+build, and the loop of collect -> compute returns -> minibatch updates -> log; last, its
+registry entry (ALGORITHM).
 """
 
 from __future__ import annotations
