@@ -535,3 +535,34 @@ def test_add_one_is_add_for_a_one_env_stream():
         other = scalar.state_dict()[name]
         same = torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
         assert same, name
+
+
+def test_box_actions_come_back_exactly_with_their_transitions():
+    """Continuous actions (float32 vectors, as SAC and TD3 store them) are sampled with the
+    transition they were taken in: each sampled (obs, action, reward, next_obs) is one that
+    was added, across an episode end and its pseudo-step, through sample and sample_host."""
+    rng = np.random.default_rng(11)
+    buffer = ReplayBuffer(64, 2, (3,), action_shape=(2,), action_dtype=np.float32, seed=4)
+    added = {}
+    obs = rng.normal(size=(2, 3)).astype(np.float32)
+    done = np.zeros(2, dtype=bool)
+    for t in range(40):
+        action = rng.uniform(-2, 2, size=(2, 2)).astype(np.float32)
+        reward = rng.normal(size=2)
+        next_obs = rng.normal(size=(2, 3)).astype(np.float32)
+        terminated = np.array([t % 9 == 8, False])
+        truncated = np.array([False, t % 13 == 12])
+        reward[done] = 0.0  # the pseudo-step after a done
+        buffer.add(obs, action, reward, next_obs, terminated & ~done, truncated & ~done)
+        for env in np.flatnonzero(~done):
+            added[obs[env].tobytes()] = (action[env], np.float32(reward[env]), next_obs[env])
+        done = (terminated | truncated) & ~done
+        obs = next_obs
+    for batch in (buffer.sample(256), buffer.sample_host(256)):
+        obs_, actions, rewards, next_ = (np.asarray(x) for x in batch[:4])
+        assert actions.dtype == np.float32 and actions.shape == (256, 2)
+        for i in range(256):
+            action, reward, next_obs = added[obs_[i].tobytes()]
+            np.testing.assert_array_equal(actions[i], action)
+            assert rewards[i] == reward
+            np.testing.assert_array_equal(next_[i], next_obs)
