@@ -93,10 +93,6 @@ def check_spaces(
             "CNN takes channel-first uint8 stacks of at least 36x36 frames, such as Atari's "
             "(4, 84, 84): preprocess the env to that shape"
         )
-    if isinstance(action_space, spaces.Box) and len(action_space.shape) != 1:
-        raise UsageError(
-            f"{env_id} has action space {action_space}; rlstore takes Discrete and 1-d Box actions"
-        )
     if algorithm is not None and not algorithm.takes(action_space):
         kinds = " or ".join(kind.__name__ for kind in algorithm.action_spaces)
         others = [a.name for a in algos.all_algorithms() if a.takes(action_space)]
@@ -106,7 +102,8 @@ def check_spaces(
             f"{algorithm.name.upper()} needs a {kinds} action space; {env_id} has "
             f"{action_space}{offer}"
         )
-    if not isinstance(action_space, (spaces.Discrete, spaces.Box)):
+    box_1d = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
+    if not (isinstance(action_space, spaces.Discrete) or box_1d):
         raise UsageError(
             f"{env_id} has action space {action_space}; rlstore takes Discrete and 1-d Box actions"
         )

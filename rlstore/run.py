@@ -49,7 +49,7 @@ from rlstore.checkpoint import (
 from rlstore.config import CommonConfig, run_dir_prefix, shipped_budget, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
-from rlstore.executor import RUNS_AT_ONCE
+from rlstore.executor import RUNS_AT_ONCE, available_cores
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural, size
 
@@ -112,10 +112,7 @@ def auto_threads(cnn: bool) -> int:
     side do not collapse either (docs/guides/atari.md)."""
     if not cnn:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
+    cores = available_cores()
     try:
         runs = max(1, int(os.environ.get(RUNS_AT_ONCE, "1")))
     except ValueError:
@@ -501,7 +498,8 @@ class Run:
         while self.global_step < self.cfg.steps_run:
             before = self.global_step
             yield self.global_step // self.cfg.iteration_steps
-            self._call("on_iteration")
+            if self.callbacks:  # (DQN iterates once per env step: nothing to do without any)
+                self._call("on_iteration")
             if self.stopped_by is not None:
                 print(
                     f"rlstore: stopped by {type(self.stopped_by).__name__} at step "
