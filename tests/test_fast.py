@@ -667,3 +667,77 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
         np.testing.assert_allclose(
             buffers[0].priorities.tree.leaves, buffers[1].priorities.tree.leaves, rtol=1e-4
         )
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_the_reference_networks_equal_the_fast_ones(continuous):
+    """fast=False (ModuleCalls: the layers called as modules) gives the same values as the
+    fast networks from the same state dict, which has the same keys either way."""
+    from rlstore.networks import ModuleCalls
+
+    torch.manual_seed(17)
+    fast = ActorCritic(5, 3, continuous=continuous)
+    reference = ActorCritic(5, 3, continuous=continuous, fast=False)
+    assert reference.state_dict().keys() == fast.state_dict().keys()
+    reference.load_state_dict(fast.state_dict())
+    assert isinstance(reference.actor_path, ModuleCalls) and reference.act_on_host is None
+    obs = torch.randn(7, 5)
+    actions = torch.randn(7, 3) if continuous else torch.randint(0, 3, (7,))
+    for a, b in zip(fast.evaluate(obs, actions), reference.evaluate(obs, actions), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(fast.deterministic_action(obs), reference.deterministic_action(obs))
+    q_fast, q_reference = QNetwork(5, 3), QNetwork(5, 3, fast=False)
+    assert q_reference.state_dict().keys() == q_fast.state_dict().keys()
+    q_reference.load_state_dict(q_fast.state_dict())
+    assert torch.equal(q_fast(obs), q_reference(obs))
+    np.testing.assert_array_equal(q_fast.greedy_action(obs.numpy()),
+                                  q_reference.greedy_action(obs.numpy()))  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
+def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
+    """With --fast-paths off a run calls none of the fast paths (each is made to fail here)
+    and uses Gymnasium's own vector env; the same run with them on does call them."""
+    import gymnasium as gym
+
+    from rlstore import algos
+    from rlstore.config import resolve
+    from rlstore.host_networks import HostActorCritic
+    from rlstore.host_updates import HostA2CStep, HostDQNStep, HostPPOStep
+    from rlstore.lean import LeanDQNStep, LeanRollout, LeanSyncVectorEnv
+    from rlstore.run import Callback
+
+    called = []
+    for cls in (HostPPOStep, HostA2CStep, HostDQNStep, HostActorCritic, GreedyActor,
+                LeanDQNStep, LeanSyncVectorEnv):  # fmt: skip
+        method = "step" if cls is LeanSyncVectorEnv else "__call__"
+        original = getattr(cls, method)
+
+        def watched(self, *args, _original=original, _name=cls.__name__, **kwargs):
+            called.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, method, watched)
+    original_collect = LeanRollout.collect
+    monkeypatch.setattr(LeanRollout, "collect", lambda self, general_step: (
+        called.append("LeanRollout"), original_collect(self, general_step)))  # fmt: skip
+    kinds = []
+
+    class EnvKind(Callback):
+        def on_iteration(self, run):
+            kinds.append(type(run.state.envs))
+
+    def train(fast_paths: str) -> None:
+        called.clear()
+        kinds.clear()
+        extra = {"learning_starts": 500} if algo == "dqn" else {}
+        cfg, preset = resolve(algo, "CartPole-v1", dict(
+            total_timesteps=1500, fast_paths=fast_paths, vectorization="sync",
+            logdir=str(tmp_path), progress=False,
+            checkpoint_every=0, track_tensorboard=False, **extra))  # fmt: skip
+        algos.get(algo).train(cfg, preset, callbacks=[EnvKind()])
+
+    train("off")
+    assert called == [] and set(kinds) == {gym.vector.SyncVectorEnv}
+    train("auto")
+    assert called and set(kinds) == {LeanSyncVectorEnv}
