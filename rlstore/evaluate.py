@@ -24,8 +24,9 @@ from rlstore.text import plural
 class Policy:
     """A trained policy: maps observations (one, or a batch) to actions as numpy arrays.
 
-    `value(obs)` gives the critic's V (actor-critics: PPO, A2C) and `q_values(obs)` the
-    Q-values (Q-networks: DQN).
+    `value(obs)` gives the critic's V (actor-critics: PPO, A2C), `q_values(obs)` the
+    Q-values of every action (Q-networks: DQN), and `q_values(obs, action)` the twin
+    critics' Q1 and Q2 at an action (SAC, TD3; the policy's own action when none is given).
     Observations are given as the env returns them: a policy trained with normalized
     observations normalizes them with its saved statistics, which stay frozen here.
     """
@@ -43,7 +44,13 @@ class Policy:
     def greedy(self) -> bool:
         """A Q-network (DQN's) acts greedily on its Q-values: there is no distribution to
         sample."""
-        return hasattr(self.network, "q_values")
+        return hasattr(self.network, "greedy_action")
+
+    @property
+    def action_critic(self) -> bool:
+        """Its critics value (observation, action) pairs in a continuous action space (SAC,
+        TD3): Q-values, and no V."""
+        return hasattr(self.network, "q_values") and not self.greedy
 
     def _batch(self, obs: np.ndarray) -> tuple[torch.Tensor, bool]:
         obs = np.asarray(obs)
@@ -56,19 +63,27 @@ class Policy:
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) of the actor-critic (PPO, A2C): a float, or one per row of a batch."""
-        if self.greedy:
+        if self.greedy or self.action_critic:
             raise TypeError(f"a {self.algo} policy has Q-values, not a value: use q_values()")
         x, single = self._batch(obs)
         value = self.network.value(x).numpy()
         return value[0] if single else value
 
     @torch.inference_mode()
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """Q(obs, a) for every action (DQN): shape (num_actions,), or (batch, num_actions)."""
-        if not self.greedy:
+    def q_values(self, obs: np.ndarray, action: np.ndarray | None = None) -> np.ndarray:
+        """DQN: Q(obs, a) for every action, shape (num_actions,), or (batch, num_actions).
+        SAC, TD3: (Q1, Q2) at (obs, action), shape (2,), or (batch, 2); `action` defaults to
+        the policy's deterministic action."""
+        if not (self.greedy or self.action_critic):
             raise TypeError(f"a {self.algo} policy has a value, not Q-values: use value()")
         x, single = self._batch(obs)
-        q = self.network.q_values(x).numpy()
+        if self.greedy:
+            q = self.network.q_values(x).numpy()
+        else:
+            if action is None:
+                action = self.network.deterministic_action(x)
+            action = torch.as_tensor(np.asarray(action, dtype=np.float32))
+            q = self.network.q_values(x, action.reshape(len(x), -1)).numpy()
         return q[0] if single else q
 
     @torch.inference_mode()

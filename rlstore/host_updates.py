@@ -224,8 +224,16 @@ def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict, tanh
         grads[torch_weight] = (inputs[layer].T @ d_out).T
         grads[torch_bias] = d_out.sum(0)
         if layer:
-            d_in = d_out @ weight_t.T
+            d_in = _times_transpose(d_out, weight_t)
             d_out = d_in * (1 - np.square(inputs[layer])) if tanh else d_in * (inputs[layer] > 0)
+
+
+def _times_transpose(d_out: np.ndarray, weight_t: np.ndarray) -> np.ndarray:
+    """d_out @ weight_t.T; for a one-column d_out (a value head) an outer product, which
+    numpy's BLAS computes several times slower as a matrix product than as a broadcast."""
+    if d_out.shape[1] == 1:
+        return d_out * weight_t[:, 0]
+    return d_out @ weight_t.T
 
 
 class HostAdam:
@@ -390,3 +398,223 @@ class HostDQNStep:
             torch.from_numpy(error.astype(np.float32, copy=False)),
             torch.from_numpy(q_value),
         )
+
+
+# -- SAC and TD3 --------------------------------------------------------------------------------
+
+
+def _input_gradient(hidden: list[np.ndarray], views: list, d_out: np.ndarray) -> np.ndarray:
+    """d loss / d input of a ReLU MLP, from d loss / d output: the backward pass without the
+    weights' gradients (the critics in an actor step)."""
+    for layer in range(len(views) - 1, -1, -1):
+        d_out = _times_transpose(d_out, views[layer][0])
+        if layer:
+            d_out *= hidden[layer - 1] > 0
+    return d_out
+
+
+class _HostMLP:
+    """numpy views of a ReLU MLP (an nn.Sequential of Linear and ReLU) in host memory: its
+    forward pass, and its backward pass into gradients keyed by the torch parameters."""
+
+    def __init__(self, mlp: nn.Sequential) -> None:
+        self.path = SequentialRunner(list(mlp))
+        self.views = HostViews(self.path)
+
+    def forward(self, x: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        return _forward(x, self.views(), tanh=False)
+
+    def backward(self, x, hidden, d_out: np.ndarray, grads: dict) -> None:
+        _backward(x, hidden, self.views(), d_out, self.path, grads, tanh=False)
+
+    def input_gradient(self, hidden: list[np.ndarray], d_out: np.ndarray) -> np.ndarray:
+        return _input_gradient(hidden, self.views(), d_out)
+
+
+def _randn(shape: tuple[int, ...]) -> np.ndarray:
+    """Standard normal noise from torch's global RNG, as torch.randn_like draws it in the
+    torch steps: the same numbers in the same order."""
+    return torch.randn(shape).numpy()
+
+
+class _TwinCriticStep:
+    """What the numpy steps of SAC and TD3 share: the twin critics (online and target) in
+    numpy, and the critics' regression step toward a target with Adam."""
+
+    def __init__(self, agent: nn.Module, target_critic: nn.Module, optimizer) -> None:
+        self.q1, self.q2 = _HostMLP(agent.critic.q1), _HostMLP(agent.critic.q2)
+        self.target_q1 = _HostMLP(target_critic.q1)
+        self.target_q2 = _HostMLP(target_critic.q2)
+        self.adam = HostAdam.of(optimizer)
+        bounds = agent.bounds
+        self.scale, self.bias = bounds.scale.numpy(), bounds.bias.numpy()
+        self.low, self.high = bounds.low.numpy(), bounds.high.numpy()
+
+    def target_min(self, next_obs: np.ndarray, next_action: np.ndarray) -> np.ndarray:
+        x = np.concatenate((next_obs, next_action), -1)
+        return np.minimum(self.target_q1.forward(x)[1][:, 0], self.target_q2.forward(x)[1][:, 0])
+
+    def regress(self, obs: np.ndarray, actions: np.ndarray, target: np.ndarray) -> dict:
+        """One Adam step of (Q1 - target)^2 + (Q2 - target)^2, each averaged; the logged
+        losses and values."""
+        x, B, grads = np.concatenate((obs, actions), -1), len(obs), {}
+        logged = {}
+        for name, q in (("qf1", self.q1), ("qf2", self.q2)):
+            hidden, out = q.forward(x)
+            error = out[:, 0] - target
+            q.backward(x, hidden, (2.0 / B * error)[:, None], grads)
+            logged[f"losses/{name}_loss"] = float(np.square(error).mean())
+            logged[f"losses/{name}_values"] = float(out.mean())
+        self.adam.step(grads, None)
+        logged["losses/qf_loss"] = (logged["losses/qf1_loss"] + logged["losses/qf2_loss"]) / 2
+        return logged
+
+    def action_gradient(self, obs: np.ndarray, action: np.ndarray, d_q1, d_q2=None):
+        """(Q1, Q2 or None) at (obs, action) and d loss / d action for d loss / d Q1 and
+        d loss / d Q2 (None: Q2 is not used)."""
+        x = np.concatenate((obs, action), -1)
+        hidden1, q1 = self.q1.forward(x)
+        q1 = q1[:, 0]
+        if d_q2 is None:
+            d_x = self.q1.input_gradient(hidden1, d_q1(q1)[:, None])
+            return q1, None, d_x[:, obs.shape[1] :]
+        hidden2, q2 = self.q2.forward(x)
+        q2 = q2[:, 0]
+        d1, d2 = d_q1(q1, q2), d_q2(q1, q2)
+        d_x = self.q1.input_gradient(hidden1, d1[:, None])
+        d_x += self.q2.input_gradient(hidden2, d2[:, None])
+        return q1, q2, d_x[:, obs.shape[1] :]
+
+
+class HostSACStep:
+    """algos/sac.py's gradient_step in numpy, for networks and Adam optimizers in host
+    memory: the same critic target, critic, actor and entropy-coefficient losses, with the
+    gradients written out by hand (the reparameterized squashed Gaussian's included), and
+    the same noise, drawn from torch's RNG in the same order. float32: equal to the torch
+    step to rounding (tests/test_sac_td3.py)."""
+
+    def __init__(self, agent, target_critic, entropy, optimizers) -> None:
+        self.agent, self.entropy, self.optimizers = agent, entropy, optimizers
+        self.critics = _TwinCriticStep(agent, target_critic, optimizers.critic)
+        self.actor = _HostMLP(agent.actor)
+        self.actor_adam = HostAdam.of(optimizers.actor)
+        self.log_scale = np.log(self.critics.scale).sum()
+
+    @staticmethod
+    def supports(agent: nn.Module, optimizers: Any) -> bool:
+        """Networks in host memory, plain Adams for the actor and critics."""
+        return HostTD3Step.supports(agent, optimizers.actor, optimizers.critic)
+
+    def _sample(self, obs: np.ndarray):
+        """The actor's pass: (action, log-prob, and what the backward pass needs)."""
+        agent, critics = self.agent, self.critics
+        hidden, out = self.actor.forward(obs)
+        A = out.shape[1] // 2
+        mean, squashed = out[:, :A], np.tanh(out[:, A:])
+        span = agent.LOG_STD_MAX - agent.LOG_STD_MIN
+        log_std = agent.LOG_STD_MIN + 0.5 * span * (squashed + 1.0)
+        std, noise = np.exp(log_std), _randn(mean.shape)
+        u = mean + std * noise
+        y = np.tanh(u)
+        action = critics.scale * y + critics.bias
+        # log N(u) - log |da/du|, per dimension: as networks.squashed_gaussian_log_prob
+        log_det = 2.0 * (np.log(2.0) - u - np.logaddexp(0.0, -2.0 * u))
+        log_prob = (-0.5 * np.square(noise) - log_std - LOG_SQRT_2PI - log_det).sum(-1)
+        log_prob -= self.log_scale
+        return action.astype(np.float32), log_prob.astype(np.float32), (
+            hidden, y, std, noise, squashed, span)  # fmt: skip
+
+    def __call__(self, number: int, batch: Any, cfg: Any, target_entropy: float) -> dict:
+        obs, next_obs = batch.obs, batch.next_obs
+        alpha = float(self.entropy.alpha)
+        next_action, next_log_prob, _ = self._sample(next_obs)
+        soft_value = self.critics.target_min(next_obs, next_action) - alpha * next_log_prob
+        soft_value[batch.terminated] = 0.0
+        target = batch.rewards + batch.discounts * soft_value
+        logged = self.critics.regress(obs, batch.actions, target)
+        if number % cfg.policy_frequency == 0:
+            for _ in range(cfg.policy_frequency):
+                alpha = float(self.entropy.alpha)  # (the entropy step below changes it)
+                logged["losses/actor_loss"] = self._actor_step(obs, alpha)
+                if self.optimizers.alpha is not None:
+                    logged["losses/alpha_loss"] = self._alpha_step(obs, target_entropy)
+        return {k: torch.tensor(v) for k, v in logged.items()}
+
+    def _actor_step(self, obs: np.ndarray, alpha: float) -> float:
+        """mean(alpha * log pi - min(Q1, Q2)) and its Adam step on the actor."""
+        B = len(obs)
+        action, log_prob, (hidden, y, std, noise, squashed, span) = self._sample(obs)
+
+        def d_min(mine, other):  # d mean(-min(Q1, Q2)) / d mine
+            return -_tie_weights(other, mine) / B
+
+        q1, q2, d_action = self.critics.action_gradient(
+            obs, action, d_min, lambda q1, q2: d_min(q2, q1)
+        )
+        d_log_prob = alpha / B
+        # u = mean + std * noise; a = scale * tanh(u) + bias; log-prob's d/du is 2 tanh(u)
+        d_u = d_action * self.critics.scale * (1.0 - np.square(y)) + d_log_prob * 2.0 * y
+        d_log_std = d_u * std * noise - d_log_prob
+        d_raw = d_log_std * 0.5 * span * (1.0 - np.square(squashed))
+        grads: dict = {}
+        self.actor.backward(obs, hidden, np.concatenate((d_u, d_raw), -1).astype(np.float32),
+                            grads)  # fmt: skip
+        self.actor_adam.step(grads, None)
+        return float((alpha * log_prob - np.minimum(q1, q2)).mean())
+
+    def _alpha_step(self, obs: np.ndarray, target_entropy: float) -> float:
+        """mean(-alpha * (log pi + target entropy)) at a fresh sample, and the entropy
+        optimizer's step (torch's: one scalar)."""
+        log_prob = self._sample(obs)[1]
+        log_alpha = self.entropy.log_alpha
+        alpha = float(log_alpha.detach().exp())
+        gap = float((log_prob + np.float32(target_entropy)).mean())
+        self.optimizers.alpha.zero_grad(set_to_none=True)
+        log_alpha.grad = torch.tensor(-alpha * gap, dtype=log_alpha.dtype)
+        self.optimizers.alpha.step()
+        return -alpha * gap
+
+
+class HostTD3Step:
+    """algos/td3.py's gradient_step in numpy, for networks and Adam optimizers in host
+    memory: the same smoothed target, critic and actor losses with the gradients written
+    out by hand, and the same noise, drawn from torch's RNG in the same order. float32:
+    equal to the torch step to rounding (tests/test_sac_td3.py)."""
+
+    def __init__(self, agent, target, actor_optimizer, critic_optimizer) -> None:
+        self.critics = _TwinCriticStep(agent, target.critic, critic_optimizer)
+        self.actor, self.target_actor = _HostMLP(agent.actor), _HostMLP(target.actor)
+        self.actor_adam = HostAdam.of(actor_optimizer)
+
+    @staticmethod
+    def supports(agent: nn.Module, *optimizers: torch.optim.Optimizer) -> bool:
+        on_host = all(p.device.type == "cpu" for p in agent.parameters())
+        return on_host and all(adam_in_host_memory(o) for o in optimizers)
+
+    def __call__(self, number: int, batch: Any, cfg: Any) -> tuple[dict, bool]:
+        """The step's logged values, and whether the actor (and the targets) are due."""
+        critics = self.critics
+        obs, next_obs = batch.obs, batch.next_obs
+        y = np.tanh(self.target_actor.forward(next_obs)[1])
+        noise = np.clip(_randn(y.shape) * np.float32(cfg.policy_noise), -cfg.noise_clip,
+                        cfg.noise_clip)  # fmt: skip
+        next_action = np.clip(critics.scale * y + critics.bias + noise * critics.scale,
+                              critics.low, critics.high)  # fmt: skip
+        next_value = critics.target_min(next_obs, next_action.astype(np.float32))
+        next_value[batch.terminated] = 0.0
+        logged = critics.regress(obs, batch.actions, batch.rewards + batch.discounts * next_value)
+        actor_due = number % cfg.policy_frequency == 0
+        if actor_due:
+            B = len(obs)
+            hidden, out = self.actor.forward(obs)
+            y = np.tanh(out)
+            action = (critics.scale * y + critics.bias).astype(np.float32)
+            q1, _, d_action = critics.action_gradient(
+                obs, action, lambda q1: np.full_like(q1, -1.0 / B)
+            )
+            d_out = d_action * critics.scale * (1.0 - np.square(y))
+            grads: dict = {}
+            self.actor.backward(obs, hidden, d_out.astype(np.float32), grads)
+            self.actor_adam.step(grads, None)
+            logged["losses/actor_loss"] = float(-q1.mean())
+        return {k: torch.tensor(v) for k, v in logged.items()}, actor_due

@@ -139,7 +139,8 @@ def test_unknown_command_and_missing_algorithm(capsys):
     assert "usage: rlstore" in capsys.readouterr().out
     assert main(["train"]) == 2  # no algorithm
     err = capsys.readouterr().err
-    assert err == "rlstore: error: name an algorithm: rlstore train {a2c, dqn, ppo} --env ENV_ID\n"
+    names = "{a2c, dqn, ppo, sac, td3}"
+    assert err == f"rlstore: error: name an algorithm: rlstore train {names} --env ENV_ID\n"
 
 
 @pytest.mark.slow

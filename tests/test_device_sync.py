@@ -21,7 +21,8 @@ from torch import nn
 
 from rlstore import QNetwork, ReplayBuffer, algos
 from rlstore.algos._on_policy import build_actor_critic, collect_rollout, compute_returns
-from rlstore.algos.dqn import DQNConfig, epsilon_greedy, gradient_step, update_target
+from rlstore.algos._shared import update_target
+from rlstore.algos.dqn import DQNConfig, epsilon_greedy, gradient_step
 from rlstore.algos.ppo import PPOConfig, ppo_update
 from rlstore.host_networks import GreedyActor
 from rlstore.run import Run

@@ -22,7 +22,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from rlstore.algos import Algorithm
-from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.algos._shared import (
+    check_replay_fits,
+    crossings,
+    linear_schedule,
+    optimizer_params,
+    update_target,
+)
 from rlstore.config import (
     Bound,
     CommonConfig,
@@ -42,7 +48,6 @@ from rlstore.run import (
     Run,
     TrainingState,
     TrainResult,
-    check_memory,
     resolve_device,
 )
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -203,37 +208,14 @@ def gradient_step(
     return loss, q_value
 
 
-@torch.no_grad()
-def update_target(target_network: nn.Module, q_network: nn.Module, tau: float) -> None:
-    """A hard copy (tau = 1) or a Polyak step towards the online network."""
-    for target, online in zip(target_network.parameters(), q_network.parameters(), strict=True):
-        if tau == 1.0:
-            target.copy_(online)
-        else:
-            target.lerp_(online, tau)
-
-
-def crossings(before: int, after: int, every: int) -> int:
-    """How many multiples of `every` lie in (before, after]: schedules count env steps."""
-    return after // every - before // every
-
-
 def check_buffer_fits(
     cfg: DQNConfig, obs_space: gym.Space, device: torch.device, frames: bool
 ) -> None:
     """Refuse a replay buffer larger than the memory left, before it is allocated."""
-    obs_bytes, host_bytes = ReplayBuffer.memory_bytes(
-        cfg.buffer_size, cfg.num_envs, obs_space.shape, obs_space.dtype,
+    check_replay_fits(
+        device, cfg.buffer_size, cfg.num_envs, obs_space.shape, obs_space.dtype,
         prioritized=cfg.prioritized, frame_stack=obs_space.shape[0] if frames else 0,
     )  # fmt: skip
-    needed = {torch.device("cpu"): host_bytes}
-    needed[device] = needed.get(device, 0) + obs_bytes
-    per = (obs_bytes + host_bytes) / cfg.buffer_size
-    check_memory(
-        needed,
-        f"--buffer-size {cfg.buffer_size:,} ({per:,.0f} bytes per transition)",
-        "lower --buffer-size" + (", or --buffer-device cpu" if device.type == "cuda" else ""),
-    )
 
 
 def train(
