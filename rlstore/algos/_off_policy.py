@@ -48,6 +48,8 @@ class ContinuousOffPolicyConfig(CommonConfig):
     """The actor learns at every policy_frequency-th gradient step of the critics."""
     hidden: tuple[int, ...] = (256, 256)
     """Widths of the hidden ReLU layers of the actor and of each critic."""
+    anneal_lr: bool = False
+    """Anneal every learning rate linearly to 0 over training (RL Zoo's lin_ schedules)."""
 
     @property
     def wide_networks(self) -> bool:
@@ -121,6 +123,16 @@ def step_and_store(
     buffer.add(obs, action, reward, next_obs, terminated, truncated)
     run.record_step(reward, terminated, truncated)
     return next_obs
+
+
+def anneal_learning_rates(
+    optimizers: list[torch.optim.Optimizer], base_rates: list[float], fraction_left: float
+) -> None:
+    """Set each optimizer's learning rate to its base rate times the fraction of training
+    left (--anneal-lr), as SB3 does before each training phase."""
+    for optimizer, rate in zip(optimizers, base_rates, strict=True):
+        for group in optimizer.param_groups:
+            group["lr"] = rate * fraction_left
 
 
 def gradient_steps(cfg: ContinuousOffPolicyConfig, before: int, after: int) -> range:

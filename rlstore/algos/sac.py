@@ -26,6 +26,7 @@ from torch.nn import functional as F
 from rlstore.algos import Algorithm
 from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
+    anneal_learning_rates,
     check_bounded_actions,
     frozen,
     gradient_steps,
@@ -219,6 +220,8 @@ def train(
         parts["alpha_optimizer"] = optimizers.alpha
     state = TrainingState(envs, agent, spec, obs, target_critic=target_critic,
                           entropy=entropy, buffer=buffer, **parts)  # fmt: skip
+    annealed = [o for o in (optimizers.actor, optimizers.critic, optimizers.alpha) if o]
+    base_rates = [o.param_groups[0]["lr"] for o in annealed]
     logged: dict[str, torch.Tensor] = {}
 
     with run.start(state):
@@ -234,6 +237,9 @@ def train(
             state.obs = step_and_store(envs, buffer, run, state.obs, action)
 
             # -- train -----------------------------------------------------------------
+            if cfg.anneal_lr:
+                left = 1.0 - run.global_step / cfg.total_timesteps
+                anneal_learning_rates(annealed, base_rates, left)
             for number in gradient_steps(cfg, before, run.global_step):
                 if buffer.ready(cfg.batch_size):
                     logged |= gradient_step(number, agent, target_critic, entropy, optimizers,

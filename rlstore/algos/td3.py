@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from rlstore.algos import Algorithm
 from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
+    anneal_learning_rates,
     check_bounded_actions,
     frozen,
     gradient_steps,
@@ -170,6 +171,7 @@ def train(
     state = TrainingState(envs, agent, spec, obs, target=target, buffer=buffer,
                           actor_optimizer=actor_optimizer,
                           critic_optimizer=critic_optimizer)  # fmt: skip
+    annealed, base_rates = [actor_optimizer, critic_optimizer], [cfg.learning_rate] * 2
     logged: dict[str, torch.Tensor] = {}
 
     with run.start(state):
@@ -185,6 +187,9 @@ def train(
             state.obs = step_and_store(envs, buffer, run, state.obs, action)
 
             # -- train -----------------------------------------------------------------
+            if cfg.anneal_lr:
+                left = 1.0 - run.global_step / cfg.total_timesteps
+                anneal_learning_rates(annealed, base_rates, left)
             for number in gradient_steps(cfg, before, run.global_step):
                 if buffer.ready(cfg.batch_size):
                     logged |= gradient_step(number, agent, target, actor_optimizer,
