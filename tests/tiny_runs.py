@@ -5,10 +5,12 @@ from pathlib import Path
 
 import torch
 
-from rlstore.algos import a2c, dqn, ppo
+from rlstore.algos import a2c, dqn, ppo, sac, td3
 from rlstore.algos.a2c import A2CConfig
 from rlstore.algos.dqn import DQNConfig
 from rlstore.algos.ppo import PPOConfig
+from rlstore.algos.sac import SACConfig
+from rlstore.algos.td3 import TD3Config
 from rlstore.run import Callback
 
 COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
@@ -19,6 +21,12 @@ SETUPS = {
                            batch_size=32, target_network_frequency=200, n_step=3,
                            prioritized=True, num_envs=2, checkpoint_every=1000, **COMMON)),
 }  # fmt: skip
+# SAC and TD3 on Pendulum with two envs, truncated every 60 steps, small networks
+OFF_POLICY = dict(env_id="Pendulum-v1", total_timesteps=1200, learning_starts=300, num_envs=2,
+                  buffer_size=600, batch_size=32, hidden=(32, 32), checkpoint_every=300,
+                  **COMMON)  # fmt: skip
+SETUPS["sac"] = (sac, SACConfig(**OFF_POLICY))
+SETUPS["td3"] = (td3, TD3Config(**OFF_POLICY))
 
 
 def params(model):

@@ -1,0 +1,457 @@
+"""SAC and TD3: the squashed Gaussian's log-prob, critic targets against naive references,
+the entropy coefficient's update, TD3's target smoothing and policy delay, the soft target
+update, the gradient-step schedule, the numpy steps against the torch ones, and runs."""
+
+import copy
+import math
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tiny_runs import SETUPS, Watch, replace
+
+from rlstore.algos import sac, td3
+from rlstore.algos._off_policy import gradient_steps
+from rlstore.algos._shared import update_target
+from rlstore.algos.sac import EntropyCoefficient, Optimizers, SACConfig, alpha_loss
+from rlstore.algos.td3 import TD3Config
+from rlstore.cli import main
+from rlstore.files import safe_load
+from rlstore.host_updates import HostSACStep, HostTD3Step
+from rlstore.networks import (
+    DeterministicActorCritic,
+    SquashedGaussianActorCritic,
+    squashed_gaussian_log_prob,
+)
+from rlstore.storage.replay import ReplayBuffer
+
+
+def change_of_variables(u, mean, std, scale, bias):
+    """torch.distributions' own change of variables: Normal -> tanh -> affine."""
+    from torch.distributions import AffineTransform, Normal, TanhTransform, TransformedDistribution
+
+    squashed = TransformedDistribution(
+        Normal(mean, std), [TanhTransform(), AffineTransform(bias, scale)]
+    )
+    return squashed.log_prob(scale * torch.tanh(u) + bias).sum(-1)
+
+
+def test_squashed_gaussian_log_prob_is_the_change_of_variables():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        shape = (64, int(torch.randint(1, 5, (1,), generator=g)))
+        mean = torch.randn(shape, generator=g, dtype=torch.float64)
+        log_std = torch.empty(shape, dtype=torch.float64).uniform_(-3, 1, generator=g)
+        scale = torch.empty(shape[1:], dtype=torch.float64).uniform_(0.1, 3, generator=g)
+        bias = torch.randn(shape[1:], generator=g, dtype=torch.float64)
+        u = mean + log_std.exp() * torch.randn(shape, generator=g, dtype=torch.float64)
+        u = u.clamp(-4, 4)  # where TanhTransform's inverse is still exact in float64
+        ours = squashed_gaussian_log_prob(u, mean, log_std, scale)
+        torch.testing.assert_close(ours, change_of_variables(u, mean, log_std.exp(), scale, bias))
+    # far in the tails, where 1 - tanh(u)^2 rounds to 0, it stays finite
+    far = squashed_gaussian_log_prob(torch.tensor([[30.0]]), torch.zeros(1, 1),
+                                     torch.zeros(1, 1), torch.ones(1))  # fmt: skip
+    assert torch.isfinite(far).all()
+
+
+def test_squashed_gaussian_density_integrates_to_one_over_the_box():
+    """An invariant: the density of a in [low, high] integrates to 1 (1-d, float64; the
+    grid of a is dense near the box's ends, where the mass gathers)."""
+    low, high = -2.0, 0.5
+    scale = torch.tensor([(high - low) / 2], dtype=torch.float64)
+    bias = torch.tensor([(high + low) / 2], dtype=torch.float64)
+    u = torch.linspace(-12, 12, 400_001, dtype=torch.float64)[:, None]
+    a = (bias + scale * torch.tanh(u))[:, 0]
+    for mean, log_std in ((0.3, -0.5), (-1.0, 0.7), (2.0, -1.5), (0.0, 1.0)):
+        m, s = torch.full_like(u, mean), torch.full_like(u, log_std)
+        density = squashed_gaussian_log_prob(u, m, s, scale).exp()
+        assert torch.trapezoid(density, a).item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_sampled_actions_lie_in_the_box_with_their_log_prob():
+    torch.manual_seed(0)
+    agent = SquashedGaussianActorCritic(3, [-2.0, 0.0], [2.0, 5.0], (16,))
+    obs = torch.randn(256, 3)
+    action, log_prob = agent.act(obs)
+    low, high = agent.bounds.low, agent.bounds.high
+    assert ((action >= low) & (action <= high)).all()
+    mean, log_std = agent.distribution(obs)
+    bounds = agent.bounds
+    u = torch.atanh(((action - bounds.bias) / bounds.scale).double().clamp(-0.99999, 0.99999))
+    expected = change_of_variables(u, mean.double(), log_std.exp().double(),
+                                   bounds.scale.double(), bounds.bias.double())  # fmt: skip
+    torch.testing.assert_close(log_prob.double(), expected, rtol=1e-3, atol=1e-3)
+    span = agent.LOG_STD_MAX - agent.LOG_STD_MIN
+    assert ((log_std >= agent.LOG_STD_MIN) & (log_std <= agent.LOG_STD_MIN + span)).all()
+    deterministic = agent.deterministic_action(obs)
+    torch.testing.assert_close(deterministic, agent.bounds(torch.tanh(mean)))
+
+
+# -- critic targets against naive references ----------------------------------------------------
+
+
+def stream_into_buffer(num_envs, obs_dim=3, action_dim=2, steps=60, seed=0):
+    """A random n-env stream with terminations and truncations, in a ReplayBuffer, and the
+    naive record of its real transitions: (obs, action) -> (reward, true next obs,
+    terminated)."""
+    rng = np.random.default_rng(seed)
+    buffer = ReplayBuffer(1000, num_envs, (obs_dim,), torch.float32, action_shape=(action_dim,),
+                          action_dtype=torch.float32, seed=seed)  # fmt: skip
+    record, obs, done = {}, rng.standard_normal((num_envs, obs_dim)).astype(np.float32), None
+    for _ in range(steps):
+        action = rng.uniform(-1, 1, (num_envs, action_dim)).astype(np.float32)
+        next_obs = rng.standard_normal((num_envs, obs_dim)).astype(np.float32)
+        reward = rng.standard_normal(num_envs).astype(np.float32)
+        terminated, truncated = rng.random(num_envs) < 0.15, rng.random(num_envs) < 0.15
+        truncated &= ~terminated
+        buffer.add(obs, action, reward, next_obs, terminated, truncated)
+        for env in range(num_envs):
+            if done is None or not done[env]:  # (the step after a done is a pseudo-step)
+                key = (obs[env].tobytes(), action[env].tobytes())
+                record[key] = (reward[env], next_obs[env], bool(terminated[env]))
+        done = terminated | truncated
+        # NEXT_STEP autoreset: after a done the env's next obs is its final one; the step
+        # after it is a pseudo-step into the reset observation.
+        obs = next_obs
+    return buffer, record
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_sac_critic_target_against_a_naive_reference(num_envs):
+    torch.manual_seed(0)
+    agent = SquashedGaussianActorCritic(3, [-1.0, -1.0], [1.0, 1.0], (16, 16))
+    target_critic = copy.deepcopy(agent.critic)
+    for p in target_critic.parameters():
+        p.data += 0.1 * torch.randn_like(p)  # the target differs from the online critics
+    buffer, record = stream_into_buffer(num_envs)
+    batch = buffer.sample(64)
+    alpha, gamma = torch.tensor(0.3), 0.99
+    torch.manual_seed(5)
+    ours = sac.critic_target(agent, target_critic, batch, alpha)
+    torch.manual_seed(5)
+    noise = torch.randn(64, 2)  # the draw act() makes, in the same order
+    for row in range(64):
+        key = (batch.obs[row].numpy().tobytes(), batch.actions[row].numpy().tobytes())
+        reward, next_obs, terminated = record[key]
+        s = torch.as_tensor(next_obs)[None]
+        mean, log_std = agent.distribution(s)
+        u = mean + log_std.exp() * noise[row]
+        a = torch.tanh(u)  # scale 1, bias 0
+        log_prob = change_of_variables(u.double(), mean.double(), log_std.exp().double(),
+                                       torch.ones(2).double(), torch.zeros(2).double())  # fmt: skip
+        q1, q2 = target_critic(s, a)
+        soft = min(q1.item(), q2.item()) - 0.3 * log_prob.item()
+        expected = reward + (0.0 if terminated else gamma * soft)
+        assert ours[row].item() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    assert batch.terminated.any() and not batch.terminated.all()
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_td3_critic_target_against_a_naive_reference(num_envs):
+    torch.manual_seed(0)
+    agent = DeterministicActorCritic(3, [-2.0, -1.0], [2.0, 1.0], (16, 16))
+    target = copy.deepcopy(agent)
+    for p in target.parameters():
+        p.data += 0.1 * torch.randn_like(p)
+    buffer, record = stream_into_buffer(num_envs)
+    batch = buffer.sample(64)
+    cfg = TD3Config(policy_noise=0.2, noise_clip=0.5)  # (gamma: the buffer's discounts, 0.99)
+    torch.manual_seed(5)
+    ours = td3.critic_target(target, batch, cfg)
+    torch.manual_seed(5)
+    noise = torch.randn(64, 2)
+    scale, low, high = (
+        torch.tensor([2.0, 1.0]),
+        torch.tensor([-2.0, -1.0]),
+        torch.tensor([2.0, 1.0]),
+    )
+    for row in range(64):
+        key = (batch.obs[row].numpy().tobytes(), batch.actions[row].numpy().tobytes())
+        reward, next_obs, terminated = record[key]
+        s = torch.as_tensor(next_obs)[None]
+        mu = scale * torch.tanh(target.actor(s))
+        smoothing = (noise[row] * 0.2).clamp(-0.5, 0.5) * scale
+        a = torch.max(torch.min(mu + smoothing, high), low)
+        q1, q2 = target.critic(s, a)
+        expected = reward + (0.0 if terminated else 0.99 * min(q1.item(), q2.item()))
+        assert ours[row].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_td3_target_smoothing_noise_is_clipped_then_scaled_then_the_action_clipped():
+    torch.manual_seed(0)
+    agent = DeterministicActorCritic(3, [-4.0], [4.0], (8,))
+    with torch.no_grad():  # mu'(s) = 4 tanh(0) = 0 everywhere: the noise alone is seen
+        agent.actor[-1].weight.zero_()
+        agent.actor[-1].bias.zero_()
+    obs = torch.randn(4096, 3)
+    wide = TD3Config(policy_noise=10.0, noise_clip=0.5)
+    action = td3.smoothed_target_action(agent, obs, wide)
+    assert action.abs().max().item() == pytest.approx(0.5 * 4.0)  # clip 0.5, scale 4
+    assert (action.abs() == 2.0).float().mean() > 0.9  # nearly every draw was clipped
+    narrow = TD3Config(policy_noise=0.1, noise_clip=0.5)
+    spread = td3.smoothed_target_action(agent, obs, narrow)
+    assert spread.std().item() == pytest.approx(0.1 * 4.0, rel=0.05)  # unclipped, scaled
+    with torch.no_grad():  # mu' at the top of the box: the sum is clipped to the box
+        agent.actor[-1].bias.fill_(20.0)
+    assert td3.smoothed_target_action(agent, obs, wide).max().item() == 4.0
+    assert (td3.smoothed_target_action(agent, obs, TD3Config(noise_clip=0.0)) <= 4.0).all()
+
+
+# -- the entropy coefficient, the soft update, the schedule -------------------------------------
+
+
+def test_alpha_loss_gradient_sign_and_fixed_point():
+    target_entropy = -2.0
+    for log_alpha_value in (-1.0, 0.0, 0.5):
+        for entropy, sign in ((-3.0, -1), (-2.0, 0), (-1.0, 1)):  # below, at, above target
+            log_alpha = torch.tensor(log_alpha_value, requires_grad=True)
+            log_prob = torch.full((10,), -entropy)  # -E[log pi] is the entropy
+            alpha_loss(log_alpha, log_prob, target_entropy).backward()
+            # by hand: d/d log_alpha = -alpha * (E[log pi] + target entropy)
+            expected = -math.exp(log_alpha_value) * (-entropy + target_entropy)
+            assert log_alpha.grad.item() == pytest.approx(expected)
+            # gradient descent raises alpha when the entropy is below target
+            assert np.sign(log_alpha.grad.item()) == sign
+
+
+def test_entropy_coefficient_fixed_or_tuned():
+    assert EntropyCoefficient().alpha.item() == 1.0 and EntropyCoefficient().log_alpha.requires_grad
+    fixed = EntropyCoefficient(0.2)
+    assert fixed.alpha.item() == pytest.approx(0.2) and not fixed.log_alpha.requires_grad
+    assert EntropyCoefficient(0.0).alpha.item() == 0.0
+
+
+def test_soft_update_formula_hand_computed():
+    online, target = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        online.weight.fill_(1.0)
+        online.bias.fill_(2.0)
+        target.weight.fill_(0.0)
+        target.bias.fill_(-2.0)
+    update_target(target, online, 0.005)
+    assert target.weight[0, 0].item() == pytest.approx(0.005)  # 0.995 * 0 + 0.005 * 1
+    assert target.bias.item() == pytest.approx(-2.0 * 0.995 + 2.0 * 0.005)
+    update_target(target, online, 0.005)
+    assert target.weight[0, 0].item() == pytest.approx(0.005 + 0.995 * 0.005)
+    update_target(target, online, 1.0)
+    assert torch.equal(target.weight, online.weight)
+
+
+def test_gradient_steps_are_counted_from_learning_starts():
+    cfg = SACConfig(learning_starts=10, gradient_steps_per_env_step=1.0)
+    assert list(gradient_steps(cfg, 0, 10)) == []
+    assert list(gradient_steps(cfg, 10, 11)) == [1]
+    assert list(gradient_steps(cfg, 11, 14)) == [2, 3, 4]  # 3 envs: 3 steps per vector step
+    quarter = SACConfig(learning_starts=10, gradient_steps_per_env_step=0.25)
+    taken = [n for s in range(10, 30) for n in gradient_steps(quarter, s, s + 1)]
+    assert taken == [1, 2, 3, 4, 5]  # one every 4 env steps: 20 steps, 5 gradient steps
+    assert [s + 1 for s in range(10, 30) if gradient_steps(quarter, s, s + 1)] == [
+        14,
+        18,
+        22,
+        26,
+        30,
+    ]
+
+
+def optimizer_steps(run_dir, name):
+    """How many steps the checkpointed Adam `name` took (its state's step counter)."""
+    checkpoint = safe_load(sorted((run_dir / "checkpoints").iterdir())[-1])
+    state = checkpoint["algorithm"][name]["state"]
+    return int(next(iter(state.values()))["step"])
+
+
+TINY = dict(env_id="Pendulum-v1", hidden=(16, 16), batch_size=16, buffer_size=400,
+            device="cpu", progress=False, track_tensorboard=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("fast_paths", ["auto", "off"])
+@pytest.mark.parametrize("num_envs,ratio", [(1, 1.0), (2, 1.0), (1, 0.5)])
+def test_policy_delay_and_gradient_steps_counted(num_envs, ratio, fast_paths, logdir):
+    """TD3: critics at every gradient step, the actor at every 2nd; SAC: 2 actor and 2
+    entropy steps at every 2nd (CleanRL's compensation). Counted by the optimizers."""
+    steps, starts = 300, 100
+    common = dict(TINY, total_timesteps=steps, learning_starts=starts, num_envs=num_envs,
+                  gradient_steps_per_env_step=ratio, fast_paths=fast_paths)  # fmt: skip
+    critic = int((steps - starts) * ratio)
+    run = td3.train(TD3Config(**common, logdir=f"{logdir}/td3")).run_dir
+    assert optimizer_steps(run, "critic_optimizer") == critic
+    assert optimizer_steps(run, "actor_optimizer") == critic // 2
+    run = sac.train(SACConfig(**common, logdir=f"{logdir}/sac")).run_dir
+    assert optimizer_steps(run, "critic_optimizer") == critic
+    assert optimizer_steps(run, "actor_optimizer") == 2 * (critic // 2)
+    assert optimizer_steps(run, "alpha_optimizer") == 2 * (critic // 2)
+
+
+def test_target_networks_move_by_tau_when_due(logdir):
+    """SAC: the target critics move toward the critics by tau at every gradient step; TD3:
+    every target network moves only when the actor learns (every 2nd gradient step)."""
+    seen = []
+
+    def watch(run):
+        parts, policy = run.state.parts, run.state.policy
+        target = parts.get("target_critic") or parts["target"]
+        seen.append((run.global_step, [p.clone() for p in target.parameters()],
+                     [p.clone() for p in (policy.critic if "target_critic" in parts
+                                          else policy).parameters()]))  # fmt: skip
+
+    sac.train(SACConfig(**TINY, total_timesteps=60, learning_starts=50, tau=0.1, logdir=logdir),
+              callbacks=[Watch(watch)])  # fmt: skip
+    for (step, before, _), (_, after, online) in zip(seen, seen[1:]):
+        for b, a, q in zip(before, after, online, strict=True):
+            if step >= 50:
+                torch.testing.assert_close(a, b + 0.1 * (q - b))
+            else:
+                assert torch.equal(a, b)
+    seen.clear()
+    td3.train(TD3Config(**TINY, total_timesteps=60, learning_starts=50, tau=0.1,
+                        logdir=f"{logdir}/td3"), callbacks=[Watch(watch)])  # fmt: skip
+    moved = [step + 1 for (step, before, _), (_, after, _) in zip(seen, seen[1:])
+             if not all(torch.equal(a, b) for a, b in zip(before, after))]  # fmt: skip
+    assert moved == [52, 54, 56, 58, 60]  # gradient steps 2, 4, ... (one per env step from 51)
+
+
+# -- the numpy steps against the torch ones ------------------------------------------------------
+
+
+def filled_buffer(seed=0):
+    buffer, _ = stream_into_buffer(2, obs_dim=5, action_dim=3, steps=200, seed=seed)
+    return buffer
+
+
+def sac_steps(fast, steps=6, autotune=True):
+    torch.manual_seed(0)
+    cfg = SACConfig(batch_size=64, hidden=(32, 32))
+    agent = SquashedGaussianActorCritic(5, [-1.0] * 3, [1.0] * 3, (32, 32))
+    target = copy.deepcopy(agent.critic)
+    entropy = EntropyCoefficient(None if autotune else 0.2)
+    optimizers = Optimizers(
+        torch.optim.Adam(agent.actor.parameters(), lr=3e-3),
+        torch.optim.Adam(agent.critic.parameters(), lr=1e-2),
+        torch.optim.Adam([entropy.log_alpha], lr=1e-2) if autotune else None,
+    )
+    fast_step = HostSACStep(agent, target, entropy, optimizers) if fast else None
+    buffer = filled_buffer()
+    logs = [sac.gradient_step(n, agent, target, entropy, optimizers, buffer, cfg, -3.0, fast_step)
+            for n in range(1, steps + 1)]  # fmt: skip
+    return [agent, target, entropy], logs
+
+
+def td3_steps(fast, steps=6):
+    torch.manual_seed(0)
+    cfg = TD3Config(batch_size=64, hidden=(32, 32))
+    agent = DeterministicActorCritic(5, [-2.0] * 3, [2.0] * 3, (32, 32))
+    target = copy.deepcopy(agent)
+    actor_opt = torch.optim.Adam(agent.actor.parameters(), lr=3e-3)
+    critic_opt = torch.optim.Adam(agent.critic.parameters(), lr=1e-2)
+    fast_step = HostTD3Step(agent, target, actor_opt, critic_opt) if fast else None
+    buffer = filled_buffer()
+    logs = [td3.gradient_step(n, agent, target, actor_opt, critic_opt, buffer, cfg, fast_step)
+            for n in range(1, steps + 1)]  # fmt: skip
+    return [agent, target], logs
+
+
+@pytest.mark.parametrize(
+    "steps,options",
+    [(sac_steps, {}), (sac_steps, {"autotune": False}), (td3_steps, {})],
+    ids=["sac", "sac-fixed-alpha", "td3"],
+)
+def test_the_numpy_step_equals_the_torch_step(steps, options):
+    modules, logs = steps(False, **options)
+    fast_modules, fast_logs = steps(True, **options)
+    for module, fast_module in zip(modules, fast_modules, strict=True):
+        for (name, a), b in zip(module.state_dict().items(), fast_module.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+    assert logs[-1].keys() == fast_logs[-1].keys()
+    for name, value in logs[-1].items():
+        assert float(fast_logs[-1][name]) == pytest.approx(float(value), rel=1e-4, abs=1e-5)
+    start = steps(False, steps=0, **options)[0][0].state_dict()  # the steps did move them
+    moved = [
+        not torch.equal(a, b) for a, b in zip(start.values(), modules[0].state_dict().values())
+    ]
+    assert sum(moved) >= len(moved) - 4  # (the action box's buffers stay)
+
+
+# -- runs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
+    args = ["train", algo, "--env", "Pendulum-v1", "--total-timesteps", "400",
+            "--learning-starts", "200", "--hidden", "16", "16", "--batch-size", "32",
+            "--logdir", logdir, "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = list(Path(logdir).iterdir())
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    names = {"losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values", "losses/qf2_values",
+             "losses/actor_loss", "charts/episodic_return", "charts/SPS"}  # fmt: skip
+    if algo == "sac":
+        names |= {"losses/alpha", "losses/alpha_loss"}
+    assert names <= set(events.Tags()["scalars"])
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+    assert "deterministic" in capsys.readouterr().out
+    from rlstore import load_policy
+
+    policy = load_policy(run_dir)
+    obs = np.zeros((4, 3), dtype=np.float32)
+    action = policy(obs)
+    assert action.shape == (4, 1) and (np.abs(action) <= 2.0).all()
+    q = policy.q_values(obs, action)
+    assert q.shape == (4, 2)
+    np.testing.assert_allclose(policy.q_values(obs), q, rtol=1e-6)  # the policy's own action
+    with torch.no_grad():
+        expected = policy.network.q_values(torch.as_tensor(obs), torch.as_tensor(action))
+    np.testing.assert_allclose(q, expected.numpy(), rtol=1e-6)
+    with pytest.raises(TypeError, match="use q_values"):
+        policy.value(obs)
+
+
+def test_discrete_and_unbounded_action_spaces_are_refused_in_one_line(logdir, capsys):
+    for algo in ("sac", "td3"):
+        assert main(["train", algo, "--env", "CartPole-v1", "--logdir", logdir]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "needs a Box action space" in err
+    gym.register("UnboundedPendulum-v0", entry_point=UnboundedPendulum, max_episode_steps=50)
+    try:
+        assert main(["train", "sac", "--env", "UnboundedPendulum-v0", "--logdir", logdir]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "unbounded action space" in err and "RescaleAction" in err
+    finally:
+        gym.registry.pop("UnboundedPendulum-v0")
+    assert not Path(logdir).exists()  # nothing was written
+
+
+class UnboundedPendulum(gym.Wrapper):
+    def __init__(self):
+        super().__init__(gym.make("Pendulum-v1").unwrapped)
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_same_seed_same_run(algo, logdir):
+    module, cfg = SETUPS[algo]
+    first = module.train(replace(cfg, logdir=f"{logdir}/a"))
+    second = module.train(replace(cfg, logdir=f"{logdir}/b"))
+    assert first.episode_returns == second.episode_returns
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_learns_pendulum(algo, logdir):
+    """A short learning check: 64-64 networks, 8,000 steps (about 30 s with the fast paths);
+    random actions score about -1,200 on Pendulum. (The torch steps' learning follows from
+    test_the_numpy_step_equals_the_torch_step; --fast-paths off runs in the resume, schedule
+    and policy-delay tests.)"""
+    cfg = {"sac": SACConfig, "td3": TD3Config}[algo](
+        env_id="Pendulum-v1", total_timesteps=8_000, learning_starts=1_000, hidden=(64, 64),
+        seed=1, logdir=logdir, device="cpu", progress=False, track_tensorboard=False,
+    )  # fmt: skip
+    result = {"sac": sac, "td3": td3}[algo].train(cfg)
+    assert np.mean(result.episode_returns[-10:]) > -400
