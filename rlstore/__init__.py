@@ -40,6 +40,10 @@ _EXPORTS = {
     "Callback": "rlstore.run",
     "train_ppo": ("rlstore.algos.ppo", "train"),
     "train_a2c": ("rlstore.algos.a2c", "train"),
+    "SACConfig": "rlstore.algos.sac",
+    "TD3Config": "rlstore.algos.td3",
+    "train_sac": ("rlstore.algos.sac", "train"),
+    "train_td3": ("rlstore.algos.td3", "train"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,6 +35,14 @@ the vector env step plus the CNN forward of 8 observations.
 normalization), SB3's PPO at the same settings with VecNormalize (its value clipping at
 0.2, as rlstore's); the floor is one env step plus the policy forward.
 
+--algos sac td3 --env HalfCheetah-v4: SAC and TD3 at CleanRL's defaults (batch 256,
+256-256 networks, buffer 1M, tau 0.005, gamma 0.99, policy delay 2; SAC's entropy
+coefficient tuned; TD3's exploration noise 0.1, target noise 0.2 clipped at 0.5), SB3's SAC
+and TD3 at the same settings (SB3's SAC updates its actor at every step, CleanRL's twice at
+every second: the same count), both learning from step --offpolicy-starts. Their floor is
+the update's arithmetic: the FLOPs of one gradient step's matrix products at this
+machine's measured matrix-product rate (torch, the run's threads), as env steps/s.
+
 Hyperparameters match: A2C with rlstore's CartPole settings (8 envs x 5 steps, RMSprop 7e-4,
 eps 1e-5, no entropy bonus, GAE lambda 1, 64-64 tanh; SB3's A2C defaults otherwise, with
 --ppo-steps steps); PPO with the foundation defaults (4 envs x 128 steps, 4 epochs x 4
@@ -82,6 +90,7 @@ def child_rlstore(
     config: str,
     env: str = "CartPole-v1",
     one_thread: bool = True,
+    offpolicy_starts: int = 1000,
 ) -> dict:
     import tempfile
 
@@ -100,6 +109,8 @@ def child_rlstore(
             overrides["config"] = config
         elif algo == "dqn":
             overrides["loss"] = "huber"
+        if algo in OFF_POLICY:
+            overrides["learning_starts"] = offpolicy_starts
         cfg, preset = resolve(algo, env, overrides)
         from rlstore import algos
 
@@ -117,12 +128,13 @@ def child_sb3(
     ppo_envs: int,
     env: str = "CartPole-v1",
     one_thread: bool = True,
+    offpolicy_starts: int = 1000,
 ) -> dict:
     import torch
 
     if one_thread:  # else each trainer's own default (rlstore's auto, torch's for SB3)
         torch.set_num_threads(1)
-    from stable_baselines3 import DQN, PPO
+    from stable_baselines3 import DQN, PPO, SAC, TD3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -143,7 +155,23 @@ def child_sb3(
     # and the value, value coef 0.5, max grad norm 0.5, a linearly annealed learning rate.
     ppo_common = dict(gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
                       vf_coef=0.5, max_grad_norm=0.5, seed=seed, device=device)  # fmt: skip
-    if is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
+    if algo in OFF_POLICY:  # CleanRL's defaults, as rlstore's SAC and TD3
+        import numpy as np
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        envs = make_vec_env(env, n_envs=1, seed=seed)
+        common = dict(buffer_size=1_000_000, learning_starts=offpolicy_starts, batch_size=256,
+                      tau=0.005, gamma=0.99, policy_kwargs={"net_arch": [256, 256]},
+                      seed=seed, device=device)  # fmt: skip
+        if algo == "sac":
+            model = SAC("MlpPolicy", envs, learning_rate=3e-4, ent_coef="auto", **common)
+        else:
+            scale = (envs.action_space.high - envs.action_space.low) / 2
+            noise = NormalActionNoise(np.zeros_like(scale), 0.1 * scale)
+            model = TD3("MlpPolicy", envs, learning_rate=3e-4, action_noise=noise,
+                        policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
+                        **common)  # fmt: skip
+    elif is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
         import ale_py
         import gymnasium
         from stable_baselines3.common.env_util import make_atari_env
@@ -300,10 +328,65 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     }
 
 
+OFF_POLICY = ("sac", "td3")
+
+
+def mlp_macs(dims: list[int]) -> tuple[int, int]:
+    """(multiply-adds per sample of an MLP's forward pass, of its first layer)."""
+    return sum(a * b for a, b in zip(dims, dims[1:], strict=False)), dims[0] * dims[1]
+
+
+def offpolicy_step_flops(algo: str, obs_dim: int, action_dim: int, hidden=(256, 256),
+                         batch: int = 256, policy_frequency: int = 2) -> float:  # fmt: skip
+    """FLOPs of the matrix products of one gradient step, as CleanRL's algorithm computes
+    them (averaged over the policy delay): forward passes, weight gradients, and input
+    gradients where the backward pass needs them (not into the data)."""
+    actor_out = 2 * action_dim if algo == "sac" else action_dim
+    actor, actor_first = mlp_macs([obs_dim, *hidden, actor_out])
+    q, q_first = mlp_macs([obs_dim + action_dim, *hidden, 1])
+    target = actor + 2 * q  # the target action at s', both target critics
+    critics = 2 * (q + q + (q - q_first))  # forward, weight and input gradients
+    if algo == "sac":  # per gradient step: one actor step and one entropy pass on average
+        actor_step = actor + 2 * q + 2 * q + actor + (actor - actor_first)
+        macs = target + critics + actor_step + actor
+    else:  # the actor through Q1, every policy_frequency-th step
+        actor_step = actor + q + q + actor + (actor - actor_first)
+        macs = target + critics + actor_step / policy_frequency
+    return 2.0 * macs * batch
+
+
+def child_offpolicy_floor(algo: str, env: str, threads: int) -> dict:
+    """The update's floor: one gradient step's FLOPs at the measured rate of torch's
+    256 x 256 x 256 matrix product with `threads` threads."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(threads)
+    probe = gym.make(env)
+    obs_dim = int(np.prod(probe.observation_space.shape))
+    action_dim = int(np.prod(probe.action_space.shape))
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    for _ in range(50):
+        a @ b
+    seconds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(400):
+            a @ b
+        seconds.append((time.perf_counter() - start) / 400)
+    rate = 2 * 256**3 / statistics.median(seconds)
+    flops = offpolicy_step_flops(algo, obs_dim, action_dim)
+    return {"algo": algo, "threads": threads, "gflops_per_s": rate / 1e9,
+            "step_gflop": flops / 1e9, "floor_sps": rate / flops}  # fmt: skip
+
+
 def child_main(spec: dict) -> None:
     kind = spec.pop("kind")
     if kind == "floor":
         out = child_floor(**spec)
+    elif kind == "offpolicy_floor":
+        out = child_offpolicy_floor(**spec)
     elif kind == "rlstore":
         out = child_rlstore(**spec)
     else:
@@ -429,11 +512,18 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--algos", nargs="+", default=["ppo", "a2c", "dqn"], choices=["ppo", "a2c", "dqn"]
+        "--algos",
+        nargs="+",
+        default=["ppo", "a2c", "dqn"],
+        choices=["ppo", "a2c", "dqn", "sac", "td3"],
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
+    parser.add_argument("--offpolicy-steps", type=int, default=6_000, help="SAC and TD3")
+    parser.add_argument(
+        "--offpolicy-starts", type=int, default=1_000, help="SAC and TD3's learning_starts"
+    )
     parser.add_argument(
         "--out",
         help="default docs/results/benchmark, or docs/results/parallel-latest with --parallel",
@@ -469,9 +559,14 @@ def main() -> None:
     args = parser.parse_args()
     from rlstore.config import resolve
 
+    offpolicy = [a for a in args.algos if a in OFF_POLICY]
+    if offpolicy and (offpolicy != args.algos or args.env == "CartPole-v1"):
+        parser.error("--algos sac td3 go alone, with a continuous-action --env")
     if args.ppo_envs and args.env != "CartPole-v1" and not is_atari_id(args.env):
         parser.error("--ppo-envs applies to CartPole-v1 and Atari ids")
     default_envs = 4 if args.env == "CartPole-v1" else resolve("ppo", args.env)[0].num_envs
+    if offpolicy:
+        default_envs = 1
     asked_envs = args.ppo_envs
     args.ppo_envs = asked_envs or default_envs
     if args.parallel:
@@ -484,7 +579,8 @@ def main() -> None:
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
     runs = []
     for algo in args.algos:
-        steps = args.dqn_steps if algo == "dqn" else args.ppo_steps
+        steps = {"dqn": args.dqn_steps, "sac": args.offpolicy_steps,
+                 "td3": args.offpolicy_steps}.get(algo, args.ppo_steps)  # fmt: skip
         for seed in args.seeds:
             for trainer in trainers:  # alternate, so machine noise hits both
                 spec = dict(
@@ -498,6 +594,8 @@ def main() -> None:
                     env=args.env,
                     one_thread=not args.default_threads,
                 )
+                if algo in OFF_POLICY:
+                    spec["offpolicy_starts"] = args.offpolicy_starts
                 if trainer == "rlstore":  # the preset's or the config file's envs, unless asked
                     spec.update(config=configs.get(algo, ""), ppo_envs=asked_envs)
                 result = launch(**spec)
@@ -509,6 +607,9 @@ def main() -> None:
                     f"peak RSS {result['peak_rss_mb']:.0f} MB",
                     flush=True,
                 )
+    if offpolicy:
+        offpolicy_main(args, runs, trainers)
+        return
     floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs, env=args.env)
 
     lines = [
@@ -593,6 +694,73 @@ def main() -> None:
     out.with_suffix(".json").write_text(
         json.dumps({"runs": runs, "floor": floor, "summary": summary}, indent=2) + "\n"
     )
+
+
+def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) -> None:
+    """The SAC and TD3 report: the runs, the ratios to SB3, and each algorithm's steps/s as
+    a fraction of its update's floor at the threads the runs used."""
+    threads = 1 if not args.default_threads else available_threads()
+    floors = {a: launch(kind="offpolicy_floor", algo=a, env=args.env, threads=threads)
+              for a in args.algos}  # fmt: skip
+    lines = [
+        f"# Benchmark: rlstore vs stable-baselines3, SAC and TD3 on {args.env}",
+        "",
+        f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --env {args.env} "
+        f"--seeds {' '.join(map(str, args.seeds))} --offpolicy-steps {args.offpolicy_steps} "
+        f"--offpolicy-starts {args.offpolicy_starts}"
+        + (" --default-threads" if args.default_threads else "")
+        + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a process "
+        + (
+            f"at its trainer's default threads ({threads} here)"
+            if args.default_threads
+            else "with one thread"
+        )  # fmt: skip
+        + f", the trainers alternating; {args.offpolicy_steps - args.offpolicy_starts:,} of "
+        f"the {args.offpolicy_steps:,} steps take a gradient step.",
+        "",
+        "| trainer | algo | seed | steps | steps/s | peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(f"| {r['trainer']} | {r['algo']} | {r['seed']} | {r['steps']:,} | "
+                     f"{r['sps']:,.1f} | {r['peak_rss_mb']:.0f} |")  # fmt: skip
+    lines += ["", "Medians, ratios (rlstore / SB3) and the floor:", ""]
+    summary = {}
+    for algo in args.algos:
+        med = {t: statistics.median(r["sps"] for r in runs
+                                    if r["algo"] == algo and r["trainer"] == t)
+               for t in trainers}  # fmt: skip
+        floor = floors[algo]
+        # the steps/s a run would reach if every gradient step ran at the floor, with the
+        # random-action steps before learning starts counted as free
+        learning = args.offpolicy_steps - args.offpolicy_starts
+        floor_run_sps = args.offpolicy_steps / (learning / floor["floor_sps"])
+        ours = med["rlstore"]
+        summary[algo] = {**med, "floor": floor, "floor_run_sps": floor_run_sps}
+        ratio = f" vs SB3 {med['sb3']:,.1f} (x{ours / med['sb3']:.2f})" if "sb3" in med else ""
+        lines.append(
+            f"- {algo}: rlstore {ours:,.1f} steps/s{ratio}; floor: "
+            f"{floor['step_gflop'] * 1e3:,.0f} MFLOP per gradient step at "
+            f"{floor['gflops_per_s']:.0f} GFLOP/s ({floor['threads']} thread(s)) = "
+            f"{floor['floor_sps']:,.0f} gradient steps/s, {floor_run_sps:,.0f} steps/s for "
+            f"this run; rlstore at {ours / floor_run_sps:.0%} of it"
+            + (f", SB3 at {med['sb3'] / floor_run_sps:.0%}" if "sb3" in med else "")
+        )
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(
+        json.dumps({"runs": runs, "summary": summary}, indent=2) + "\n"
+    )
+
+
+def available_threads() -> int:
+    """torch's default thread count in a fresh process (one per core)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 if __name__ == "__main__":
