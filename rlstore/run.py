@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from rlstore import algos
 from rlstore.atari import is_atari
 from rlstore.checkpoint import (
     checkpoint_files,
@@ -438,9 +439,11 @@ class Run:
                 rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
                 self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
         if self.resume_dir is None:
+            source = algos.get(self.algo).defaults if self.preset is None else ""
+            defaults = f" (defaults: {source})" if source else ""
             print(
-                f"rlstore: {self.algo} on {cfg.env_id}, preset: {self.preset or 'none'}, "
-                f"config file: {cfg.config or 'none'}; run directory {self.dir}"
+                f"rlstore: {self.algo} on {cfg.env_id}, preset: {self.preset or 'none'}"
+                f"{defaults}, config file: {cfg.config or 'none'}; run directory {self.dir}"
             )
             for note in budget_notes(self.algo, cfg, self.preset):
                 print(f"rlstore: {note}")

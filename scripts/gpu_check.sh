@@ -11,6 +11,9 @@
 #    so they checkpoint; their episodes so far are summarised from the checkpoints.
 # 3. PPO with a large native batch (1,024 CartPole envs), and the CartPole PPO/DQN defaults
 #    on the GPU, then (rlstore alone) on the same machine's CPU.
+# 4. SAC and TD3 on HalfCheetah-v4 at CleanRL's defaults with --device cuda, rlstore and SB3
+#    side by side (needs rlstore[mujoco]); with --long, the mujoco-offpolicy suite's 1M-step
+#    rows too (hours, resumable).
 # Each stage has its own time limit, cut to what is left of GPU_CHECK_DEADLINE_S (900) seconds
 # from the start; a stage with under 30 s left is skipped, and a failed stage does not stop
 # the next ones, so the script ends by its deadline without being killed from outside (a
@@ -104,8 +107,12 @@ stage cartpole-defaults 150 python scripts/benchmark.py --algos ppo dqn --device
 stage cartpole-defaults-cpu 60 python scripts/benchmark.py --algos ppo dqn --device cpu \
     --default-threads --ppo-steps 50000 --dqn-steps 50000 --seeds 1 --no-sb3 \
     --out "$results/benchmark-gpu-machine-cpu-defaults"
-if [ $long = 1 ]; then  # the published comparison: hours, resumable (run it again to go on)
+stage offpolicy-halfcheetah 150 python scripts/benchmark.py --algos sac td3 \
+    --env HalfCheetah-v4 --device cuda --default-threads --seeds 1 --offpolicy-steps 6000 \
+    --offpolicy-starts 1000 --out "$results/benchmark-gpu-offpolicy"
+if [ $long = 1 ]; then  # the published comparisons: hours, resumable (run it again to go on)
     python -m rlstore benchmark atari-10m --workers 3 --out "$results/learning-atari-10m"
+    python -m rlstore benchmark mujoco-offpolicy --workers 6 --out "$results/learning-mujoco-offpolicy"
 fi
 echo "== done; failed stages: ${failed[*]:-none}"
 [ ${#failed[@]} = 0 ]

@@ -455,3 +455,12 @@ def test_learns_pendulum(algo, logdir):
     )  # fmt: skip
     result = {"sac": sac, "td3": td3}[algo].train(cfg)
     assert np.mean(result.episode_returns[-10:]) > -400
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_run_without_a_preset_names_where_its_defaults_come_from(algo, logdir, capsys):
+    args = ["train", algo, "--env", "MountainCarContinuous-v0", "--total-timesteps", "50",
+            "--learning-starts", "50", "--logdir", logdir, "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"preset: none (defaults: CleanRL's {algo}_continuous_action.py)" in first

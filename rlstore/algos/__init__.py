@@ -42,7 +42,9 @@ class Algorithm:
     action_spaces: the action space classes it can act in (gymnasium.spaces.Discrete, Box);
     networks: the network classes its model.pt may hold; each has a SPEC_NAME, a
       `spec_args()` and a `from_spec(spec)` (rlstore/networks.py), from which `rlstore eval`
-      and `load_policy` rebuild the policy.
+      and `load_policy` rebuild the policy;
+    defaults: where its config's defaults come from, which a run without a preset says
+      when it starts ("" says nothing).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Algorithm:
     train: Callable[..., Any]
     action_spaces: tuple[type, ...]
     networks: tuple[type, ...]
+    defaults: str = ""
 
     def build_policy(self, spec: dict[str, Any]) -> Any:
         """The network a policy spec of this algorithm describes, with fresh parameters."""

@@ -257,5 +257,6 @@ ALGORITHM = Algorithm(
     config=SACConfig,
     train=train,
     action_spaces=(spaces.Box,),
+    defaults="CleanRL's sac_continuous_action.py",
     networks=(SquashedGaussianActorCritic,),
 )

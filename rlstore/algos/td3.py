@@ -207,5 +207,6 @@ ALGORITHM = Algorithm(
     config=TD3Config,
     train=train,
     action_spaces=(spaces.Box,),
+    defaults="CleanRL's td3_continuous_action.py",
     networks=(DeterministicActorCritic,),
 )
