@@ -187,7 +187,7 @@ class LocalExecutor:
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while pending or running:
+            while running or (pending and not stopped):  # (stopped: the rest never start)
                 while pending and not stopped and len(running) < self.workers:
                     spec = pending.pop(0)
                     running[_start_child(spec, self.workers)] = spec

@@ -42,3 +42,43 @@ def test_a_record_older_than_a_field_is_the_same_run_at_its_default(tmp_path):
     check_same_config(tmp_path, "ppo", cfg)
     with pytest.raises(UsageError, match="other settings \\(fast_paths\\)"):
         check_same_config(tmp_path, "ppo", dataclasses.replace(cfg, fast_paths="off"))
+
+
+def test_a_signal_with_runs_still_waiting_stops_the_executor(monkeypatch, tmp_path):
+    """SIGINT while some runs wait for a worker: the running ones get it, the waiting ones
+    never start, and run() returns the signal (it once waited for them forever)."""
+    import signal
+
+    import rlstore.executor as executor
+
+    started, signalled = [], []
+
+    class Running:
+        returncode = None
+
+        def __init__(self, command, env, **kwargs):
+            started.append(command)
+
+        def send_signal(self, signum):
+            signalled.append(signum)
+            self.returncode = 130  # it checkpoints and stops
+
+        def poll(self):
+            if not signalled:  # Ctrl-C arrives while the first run runs
+                signal.raise_signal(signal.SIGINT)
+            return self.returncode
+
+    def waiting(*args):  # the executor loops over sleeps: fail instead of hanging
+        polls.append(1)
+        if len(polls) > 100:
+            raise RuntimeError("the executor kept waiting after the signal")
+
+    polls = []
+    monkeypatch.setattr(executor.time, "sleep", waiting)
+
+    monkeypatch.setattr(executor.subprocess, "Popen", Running)
+    specs = [executor.RunSpec("ppo", "CartPole-v1", seed, "ppo", str(tmp_path)) for seed in (1, 2)]
+    done = []
+    stopped = executor.LocalExecutor(workers=1).run(specs, lambda s, status: done.append(status))
+    assert stopped == signal.SIGINT
+    assert len(started) == 1 and signalled == [signal.SIGINT] and done == [130]
