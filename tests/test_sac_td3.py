@@ -479,3 +479,18 @@ def test_auto_threads_give_the_wide_networks_the_cores(logdir, monkeypatch):
         resolved = json.loads((run_dir / "config.json").read_text())["resolved"]
         assert resolved["torch_threads"] == threads
     torch.set_num_threads(1)  # (as conftest set it for the other tests)
+
+
+def test_the_numpy_steps_run_at_one_thread_only():
+    """With more threads torch's step is the faster (docs/maintainers/fast-paths.md)."""
+    agent = DeterministicActorCritic(3, [-1.0], [1.0], (8,))
+    optimizers = [
+        torch.optim.Adam(agent.actor.parameters()),
+        torch.optim.Adam(agent.critic.parameters()),
+    ]
+    assert torch.get_num_threads() == 1 and HostTD3Step.supports(agent, *optimizers)
+    torch.set_num_threads(2)
+    try:
+        assert not HostTD3Step.supports(agent, *optimizers)
+    finally:
+        torch.set_num_threads(1)
