@@ -66,11 +66,10 @@ class CommonConfig:
     device: str = "auto"
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
     torch_threads: Count | Literal["auto"] = "auto"
-    """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1 for small
-    MLPs (a second thread does not speed them up); for CNN policies (Atari) and the 256-wide
-    MLPs of SAC and TD3 every core, divided among the runs of a suite or sweep; idle threads
-    sleep, so that runs sharing the cores do not collapse (docs/guides/atari.md). A number
-    overrides it."""
+    """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1 for MLP
+    policies (a second thread does not speed them up); for CNN policies (Atari) every core,
+    divided among the runs of a suite or sweep; idle threads sleep, so that runs sharing the
+    cores do not collapse (docs/guides/atari.md). A number overrides it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
@@ -120,12 +119,6 @@ class CommonConfig:
     def check(self) -> None:
         """The checks of field combinations of this config class (validate() calls it after
         checking each field's range); subclasses add theirs."""
-
-    @property
-    def wide_networks(self) -> bool:
-        """Whether the networks' matrix products are wide enough to gain from more threads
-        (--torch-threads auto gives them the cores; a CNN policy on Atari is wide too)."""
-        return False
 
     @property
     def iteration_steps(self) -> int:

@@ -104,15 +104,15 @@ def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
             )
 
 
-def auto_threads(wide: bool) -> int:
-    """--torch-threads auto: one thread for the small MLPs (a second does not speed them up);
-    for wide networks, whose matrix products do gain from more (a CNN policy on Atari, the
-    256-wide MLPs of SAC and TD3: CommonConfig.wide_networks), the cores divided by the
-    runs that share them: RLSTORE_RUNS_AT_ONCE, which the executors of `rlstore benchmark`
+def auto_threads(cnn: bool) -> int:
+    """--torch-threads auto: one thread for the small MLPs (a second does not speed them up;
+    nor a whole SAC run at 256-256, docs/maintainers/fast-paths.md); for a CNN policy
+    (Atari), whose convolutions do gain from more, the cores divided by the runs that share
+    them: RLSTORE_RUNS_AT_ONCE, which the executors of `rlstore benchmark`
     and `rlstore sweep` set (1 for a run started by hand). Idle threads sleep
     (OMP_WAIT_POLICY=PASSIVE, set in rlstore/__init__.py), so runs started by hand side by
     side do not collapse either (docs/guides/atari.md)."""
-    if not wide:
+    if not cnn:
         return 1
     cores = available_cores()
     try:
@@ -389,8 +389,7 @@ class Run:
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
         if cfg.use_fast_paths:
             skip_dynamo_import()  # before any optimizer exists
-        wide = is_atari(spec) or cfg.wide_networks
-        threads = auto_threads(wide) if cfg.torch_threads == "auto" else cfg.torch_threads
+        threads = auto_threads(is_atari(spec)) if cfg.torch_threads == "auto" else cfg.torch_threads
         torch.set_num_threads(threads)
         # numpy's BLAS too (the numpy fast paths): its threads would spin on shared cores
         # just as torch's do; given back in close()

@@ -121,10 +121,10 @@ def test_auto_threads_one_for_mlps_the_cores_for_cnns_which_wait_passively(monke
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("RLSTORE_RUNS_AT_ONCE", raising=False)
-    assert auto_threads(wide=False) == 1
-    assert auto_threads(wide=True) == cores  # a run started by hand: every core
+    assert auto_threads(cnn=False) == 1
+    assert auto_threads(cnn=True) == cores  # a run started by hand: every core
     monkeypatch.setenv("RLSTORE_RUNS_AT_ONCE", str(cores))  # an executor's worker
-    assert auto_threads(wide=True) == 1 and auto_threads(wide=False) == 1
+    assert auto_threads(cnn=True) == 1 and auto_threads(cnn=False) == 1
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     probe = "import os, rlstore, torch; print(os.environ['OMP_WAIT_POLICY'])"
     said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)

@@ -464,33 +464,3 @@ def test_a_run_without_a_preset_names_where_its_defaults_come_from(algo, logdir,
     assert main(args) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert f"preset: none (defaults: CleanRL's {algo}_continuous_action.py)" in first
-
-
-def test_auto_threads_give_the_wide_networks_the_cores(logdir, monkeypatch):
-    import json
-    import os
-
-    monkeypatch.delenv("RLSTORE_RUNS_AT_ONCE", raising=False)
-    cores = len(os.sched_getaffinity(0))
-    for hidden, threads in (((256, 256), cores), ((64, 64), 1)):
-        cfg = SACConfig(**{**TINY, "hidden": hidden}, total_timesteps=20, learning_starts=20,
-                        logdir=f"{logdir}/{hidden[0]}")  # fmt: skip
-        run_dir = sac.train(cfg).run_dir
-        resolved = json.loads((run_dir / "config.json").read_text())["resolved"]
-        assert resolved["torch_threads"] == threads
-    torch.set_num_threads(1)  # (as conftest set it for the other tests)
-
-
-def test_the_numpy_steps_run_at_one_thread_only():
-    """With more threads torch's step is the faster (docs/maintainers/fast-paths.md)."""
-    agent = DeterministicActorCritic(3, [-1.0], [1.0], (8,))
-    optimizers = [
-        torch.optim.Adam(agent.actor.parameters()),
-        torch.optim.Adam(agent.critic.parameters()),
-    ]
-    assert torch.get_num_threads() == 1 and HostTD3Step.supports(agent, *optimizers)
-    torch.set_num_threads(2)
-    try:
-        assert not HostTD3Step.supports(agent, *optimizers)
-    finally:
-        torch.set_num_threads(1)

@@ -51,11 +51,6 @@ class ContinuousOffPolicyConfig(CommonConfig):
     anneal_lr: bool = False
     """Anneal every learning rate linearly to 0 over training (RL Zoo's lin_ schedules)."""
 
-    @property
-    def wide_networks(self) -> bool:
-        # A SAC step at 256-256 takes ~1.3x less time with a second thread; at 64-64 none.
-        return max(self.hidden) >= 128
-
     def check(self) -> None:
         super().check()
         if not self.hidden or min(self.hidden) < 1:
