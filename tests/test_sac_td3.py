@@ -464,3 +464,31 @@ def test_a_run_without_a_preset_names_where_its_defaults_come_from(algo, logdir,
     assert main(args) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert f"preset: none (defaults: CleanRL's {algo}_continuous_action.py)" in first
+
+
+def test_anneal_lr_fixed_alpha_and_exploration_noise_reach_the_run(logdir):
+    seen = {}
+
+    def watch(run):
+        names = ("actor_optimizer", "critic_optimizer", "alpha_optimizer")
+        seen[run.global_step] = [run.state.parts[n].param_groups[0]["lr"]
+                                 for n in names if n in run.state.parts]  # fmt: skip
+
+    common = dict(TINY, total_timesteps=100, learning_starts=50)
+    sac.train(SACConfig(**common, anneal_lr=True, policy_lr=1e-3, q_lr=2e-3,
+                        logdir=f"{logdir}/a"), callbacks=[Watch(watch)])  # fmt: skip
+    assert seen[60] == pytest.approx([1e-3 * 0.4, 2e-3 * 0.4, 2e-3 * 0.4])  # 40% left
+    seen.clear()
+    fixed = sac.train(SACConfig(**common, autotune=False, alpha=0.3, logdir=f"{logdir}/b"),
+                      callbacks=[Watch(watch)])  # fmt: skip
+    assert seen[60] == [3e-4, 1e-3]  # not annealed; no entropy optimizer
+    checkpoint = safe_load(sorted((fixed.run_dir / "checkpoints").iterdir())[-1])
+    assert checkpoint["algorithm"]["entropy"]["log_alpha"].item() == pytest.approx(math.log(0.3))
+    seen.clear()
+    noisy = td3.train(TD3Config(**common, anneal_lr=True, exploration_noise=0.37,
+                                logdir=f"{logdir}/c"), callbacks=[Watch(watch)])  # fmt: skip
+    assert seen[60] == pytest.approx([3e-4 * 0.4] * 2)
+    assert noisy.model.exploration_noise == 0.37
+    from rlstore import load_policy
+
+    assert load_policy(noisy.run_dir).network.exploration_noise == 0.37

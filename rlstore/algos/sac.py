@@ -57,8 +57,6 @@ class SACConfig(ContinuousOffPolicyConfig):
     target_entropy; without it alpha stays at --alpha."""
     alpha: NonNegative = 0.2
     """The entropy coefficient when it is not tuned."""
-    target_entropy_scale: Positive = 1.0
-    """The target entropy is -target_entropy_scale * dim(A) (SAC's -dim(A) at 1.0)."""
 
 
 def critic_target(
@@ -201,7 +199,7 @@ def train(
                                         cfg.hidden).to(device)  # fmt: skip
     target_critic = copy.deepcopy(agent.critic)
     entropy = EntropyCoefficient(None if cfg.autotune else cfg.alpha).to(device)
-    target_entropy = -cfg.target_entropy_scale * float(np.prod(action_space.shape))
+    target_entropy = -float(np.prod(action_space.shape))  # -dim(A), SAC's heuristic
     optimizers = Optimizers(
         actor=torch.optim.Adam(agent.actor.parameters(), lr=cfg.policy_lr, fused=True),
         critic=torch.optim.Adam(agent.critic.parameters(), lr=cfg.q_lr, fused=True),
