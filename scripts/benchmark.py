@@ -711,7 +711,8 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
         + (" --default-threads" if args.default_threads else "")
         + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a process "
         + (
-            f"at its trainer's default threads ({threads} here)"
+            f"at its trainer's default threads (rlstore's --torch-threads auto: 1 for these "
+            f"MLPs; SB3: torch's, {threads} here; the floor at {threads})"
             if args.default_threads
             else "with one thread"
         )  # fmt: skip
