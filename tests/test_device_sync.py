@@ -122,6 +122,45 @@ def dqn_steps(device, watch, tmp_path, monkeypatch):
     return T
 
 
+def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
+    """SAC's or TD3's acting, storing, gradient steps (the actor's included) and target
+    updates, on real Pendulum envs."""
+    from rlstore.algos import sac, td3
+    from rlstore.envs import make_vec_env
+    from rlstore.networks import DeterministicActorCritic, SquashedGaussianActorCritic
+
+    envs = make_vec_env("Pendulum-v1", N, seed=1)
+    space = envs.single_action_space
+    network = SquashedGaussianActorCritic if algo == "sac" else DeterministicActorCritic
+    agent = network(3, space.low, space.high, (16, 16)).to(device)
+    buffer = ReplayBuffer(100, N, (3,), torch.float32, action_shape=(1,),
+                          action_dtype=torch.float32, device=device, seed=1)  # fmt: skip
+    obs, _ = envs.reset(seed=1)
+    with watch:
+        for _ in range(T):
+            action = agent.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            buffer.add(obs, action, reward, next_obs, terminated, truncated)
+            obs = next_obs
+        assert buffer.ready(32)
+        if algo == "sac":
+            cfg, target = sac.SACConfig(batch_size=32), copy.deepcopy(agent.critic)
+            entropy = sac.EntropyCoefficient().to(device)
+            optimizers = sac.Optimizers(optimizer_for(agent.actor, device, monkeypatch),
+                                        optimizer_for(agent.critic, device, monkeypatch),
+                                        optimizer_for(entropy, device, monkeypatch))  # fmt: skip
+            for number in (1, 2):  # the second with the actor and the entropy steps
+                sac.gradient_step(number, agent, target, entropy, optimizers, buffer, cfg, -1.0)
+        else:
+            cfg, target = td3.TD3Config(batch_size=32), copy.deepcopy(agent)
+            actor_opt = optimizer_for(agent.actor, device, monkeypatch)
+            critic_opt = optimizer_for(agent.critic, device, monkeypatch)
+            for number in (1, 2):
+                td3.gradient_step(number, agent, target, actor_opt, critic_opt, buffer, cfg)
+    envs.close()
+    return T
+
+
 def test_meta_tensors_refuse_host_reads():
     """The premise: on meta tensors a host read raises, so the tests below can fail."""
     with pytest.raises(RuntimeError):
@@ -154,4 +193,29 @@ def test_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
             torch.cuda.set_sync_debug_mode("default")
 
     steps = loop(torch.device("cuda"), sync_is_an_error(), tmp_path, monkeypatch)
+    assert 0 < len(env_boundary) <= steps
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_offpolicy_loop_reads_the_device_only_at_the_env_boundary(
+    algo, env_boundary, tmp_path, monkeypatch
+):
+    steps = offpolicy_steps(algo, torch.device("meta"), contextlib.nullcontext(), tmp_path,
+                            monkeypatch)  # fmt: skip
+    assert 0 < len(env_boundary) <= steps
+    assert all(shape == (N, 1) for shape in env_boundary)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_offpolicy_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
+    algo, env_boundary, tmp_path, monkeypatch
+):
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        steps = offpolicy_steps(algo, torch.device("cuda"), contextlib.nullcontext(), tmp_path,
+                                monkeypatch)  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert 0 < len(env_boundary) <= steps
