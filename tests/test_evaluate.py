@@ -159,3 +159,18 @@ def test_eval_samples_only_when_asked(tmp_path, monkeypatch):
     seen.clear()
     assert main(["eval", str(run_dir), "--episodes", "1", "--stochastic"]) == 0
     assert seen == {False}
+
+
+@pytest.mark.slow
+@needs("video", "moviepy", "pygame")
+def test_eval_records_a_sac_video(tmp_path, monkeypatch):
+    """A continuous-action policy (SAC on Pendulum) renders and records as the others."""
+    from rlstore.algos import sac
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "not-there"))
+    _, cfg = SETUPS["sac"]
+    run_dir = sac.train(replace(cfg, logdir=str(tmp_path), total_timesteps=400)).run_dir
+    assert main(["eval", str(run_dir), "--episodes", "1", "--video"]) == 0
+    assert [p.name for p in (run_dir / "videos").glob("*.mp4")] == [
+        "model-deterministic-episode-0.mp4"
+    ]
