@@ -107,6 +107,18 @@ def random_actions(space: gym.spaces.Box, num_envs: int) -> np.ndarray:
     return (space.low + u * (space.high - space.low)).astype(np.float32)
 
 
+def explore(
+    agent: nn.Module, obs: np.ndarray, run: Run, cfg: ContinuousOffPolicyConfig,
+    space: gym.spaces.Box,
+) -> np.ndarray:  # fmt: skip
+    """The actions of the next vector step: uniformly random until learning_starts env
+    steps are done, then the agent's exploring ones (`agent.act`), on the host."""
+    if run.global_step < cfg.learning_starts:
+        return random_actions(space, cfg.num_envs)
+    with torch.no_grad():
+        return agent.act(torch.as_tensor(obs, device=run.device))[0].cpu().numpy()
+
+
 def step_and_store(
     envs: gym.vector.VectorEnv, buffer: ReplayBuffer, run: Run, obs: np.ndarray,
     action: np.ndarray,

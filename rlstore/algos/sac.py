@@ -28,10 +28,10 @@ from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
     anneal_learning_rates,
     check_bounded_actions,
+    explore,
     frozen,
     gradient_steps,
     make_replay_buffer,
-    random_actions,
     step_and_store,
 )
 from rlstore.algos._shared import update_target
@@ -225,12 +225,7 @@ def train(
     with run.start(state):
         for _ in run.iterations():
             # -- act and store: state.obs is where the envs are -------------------------
-            if run.global_step < cfg.learning_starts:
-                action = random_actions(action_space, cfg.num_envs)
-            else:
-                with torch.no_grad():
-                    obs_t = torch.as_tensor(state.obs, device=device)
-                    action = agent.act(obs_t)[0].cpu().numpy()
+            action = explore(agent, state.obs, run, cfg, action_space)
             before = run.global_step
             state.obs = step_and_store(envs, buffer, run, state.obs, action)
 
