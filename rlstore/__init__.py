@@ -38,6 +38,7 @@ _EXPORTS = {
     "A2CConfig": "rlstore.algos.a2c",
     "UsageError": "rlstore.errors",
     "Callback": "rlstore.run",
+    "StopAtEvalReturn": "rlstore.run",
     "train_ppo": ("rlstore.algos.ppo", "train"),
     "train_a2c": ("rlstore.algos.a2c", "train"),
     "SACConfig": "rlstore.algos.sac",

@@ -13,14 +13,16 @@ A checkpoint (`checkpoints/step_<global step>.pt`) holds everything a resumed ru
     rng             python, numpy and torch RNG states
     policy          the policy spec (rlstore.networks.policy_spec): what rebuilds the network
     algorithm       the algorithm's own state (rlstore.run.TrainingState.state_dict)
+    evaluation      with --eval-every, every evaluation's result so far (the best among
+                    them), rlstore.evaluate.Evaluator.state_dict; else None (or absent)
 
 The final policy (`model.pt`) holds format POLICY_FORMAT, algo, env_id, global_step, the
 config, the policy network's state_dict, its spec and its observation normalizer's
 statistics (None without one). `read_policy` reads either file.
 
 A finished run also writes `summary.json` (`write_summary`): algo, env_id, seed,
-global_step, wall_seconds and the episodes, in JSON, so that suites and scripts read a
-run's results without loading tensors.
+global_step, wall_seconds, the episodes and, with --eval-every, the evaluations, in JSON,
+so that suites and scripts read a run's results without loading tensors.
 
 Both are dicts of tensors and plain values written with torch.save and read with
 torch.load(weights_only=True): loading executes no code. numpy arrays are stored as
@@ -80,6 +82,7 @@ def write_checkpoint(
     rng: dict[str, Any],
     policy: dict[str, Any],
     algorithm: dict[str, Any],
+    evaluation: dict[str, Any] | None = None,
 ) -> None:
     """Write a checkpoint, atomically: the fields listed at the top of this module, and no
     others (this signature is their one list)."""
@@ -94,6 +97,7 @@ def write_checkpoint(
         rng=rng,
         policy=policy,
         algorithm=algorithm,
+        evaluation=evaluation,
     )
     atomic_save({"format": CHECKPOINT_FORMAT, **fields}, path)
 
@@ -125,6 +129,7 @@ def write_summary(
     global_step: int,
     wall_seconds: float,
     episodes: dict[str, list],
+    evaluations: list[dict[str, Any]] | None = None,
 ) -> None:
     """Write summary.json (the fields listed at the top of this module), atomically."""
     fields = dict(
@@ -135,6 +140,8 @@ def write_summary(
         wall_seconds=wall_seconds,
         episodes=episodes,
     )
+    if evaluations is not None:
+        fields["evaluations"] = evaluations
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(fields) + "\n")
     os.replace(tmp, path)

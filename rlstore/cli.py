@@ -96,6 +96,9 @@ class EvalArgs:
     checkpoint: str | None = None
     """Evaluate this checkpoint file (a path, or one relative to the run directory such as
     checkpoints/step_000000100000.pt) instead of the final model.pt."""
+    best: bool = False
+    """Evaluate best_model.pt, the policy of the best evaluation during training (a run
+    trained with --eval-every), instead of the final model.pt."""
 
 
 @dataclass
@@ -345,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             from rlstore.evaluate import evaluate
 
             evaluate(parsed.run_dir, parsed.episodes, not parsed.stochastic, parsed.video,
-                     parsed.checkpoint)  # fmt: skip
+                     parsed.checkpoint, best=parsed.best)  # fmt: skip
             return 0
         elif command == "benchmark":
             parsed = parse_args(BenchmarkArgs, rest, "rlstore benchmark")

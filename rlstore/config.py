@@ -105,6 +105,26 @@ class CommonConfig:
     """Write a checkpoint every this many env steps (0: only at the end and on SIGINT/SIGTERM)."""
     keep_checkpoints: Count = 3
     """Keep the newest K checkpoints."""
+    eval_every: NonNegativeInt = 0
+    """Evaluate the policy every this many env steps and at the end, on an env of its own
+    (0: never, as CleanRL and the published tables rlstore compares with score training
+    returns; docs/guides/evaluation.md). Keeps best_model.pt."""
+    eval_episodes: Count = 10
+    """Episodes per evaluation (seeds seed + 10000 + i, as `rlstore eval` plays them)."""
+    eval_stochastic: bool = False
+    """Evaluate with actions sampled from the policy instead of its mode (DQN: greedy)."""
+    capture_video: bool = False
+    """Record the first episode of every video_every-th evaluation to videos/ and to
+    TensorBoard (needs --eval-every and the [video] extra)."""
+    video_every: Count = 1
+    """With --capture-video: record every K-th evaluation, the first included."""
+    track: bool = False
+    """Send the run to Weights & Biases (config, and TensorBoard's scalars synced), as
+    CleanRL's --track does; needs the [wandb] extra; WANDB_MODE=offline works offline."""
+    wandb_project: str = "rlstore"
+    """With --track: the W&B project."""
+    wandb_entity: str | None = None
+    """With --track: the W&B entity (team or user; default: yours)."""
     fast_paths: Literal["auto", "off"] = "auto"
     """auto: rlstore's fast paths wherever they apply (numpy twins of the small networks'
     steps, lean env loops: docs/maintainers/fast-paths.md); off: the readable torch code and
@@ -119,6 +139,14 @@ class CommonConfig:
     def check(self) -> None:
         """The checks of field combinations of this config class (validate() calls it after
         checking each field's range); subclasses add theirs."""
+        if self.capture_video and not self.eval_every:
+            raise UsageError(
+                "--capture-video records evaluation episodes; give --eval-every STEPS too"
+            )
+        if self.track and not self.track_tensorboard:
+            raise UsageError(
+                "--track syncs the TensorBoard scalars to W&B; drop --no-track-tensorboard"
+            )
 
     @property
     def iteration_steps(self) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ class Policy:
 
     def __init__(self, network: torch.nn.Module, info: dict[str, Any], record: dict[str, Any]):
         self.network = network.eval()
+        self.device = next(network.parameters()).device  # a training run's may be a GPU
         self.info, self.algo, self.env_id = info, record["algo"], record["env_id"]
         self.config = record.get("config", {})
         self.global_step = record.get("global_step", 0)
@@ -58,7 +58,7 @@ class Policy:
         batch = obs[None] if single else obs
         if self.obs_normalizer is not None:
             batch = self.obs_normalizer(batch)  # frozen: update=False
-        return torch.as_tensor(batch), single
+        return torch.as_tensor(batch, device=self.device), single
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -66,7 +66,7 @@ class Policy:
         if self.greedy or self.action_critic:
             raise TypeError(f"a {self.algo} policy has Q-values, not a value: use q_values()")
         x, single = self._batch(obs)
-        value = self.network.value(x).numpy()
+        value = self.network.value(x).cpu().numpy()
         return value[0] if single else value
 
     @torch.inference_mode()
@@ -78,12 +78,12 @@ class Policy:
             raise TypeError(f"a {self.algo} policy has a value, not Q-values: use value()")
         x, single = self._batch(obs)
         if self.greedy:
-            q = self.network.q_values(x).numpy()
+            q = self.network.q_values(x).cpu().numpy()
         else:
             if action is None:
                 action = self.network.deterministic_action(x)
-            action = torch.as_tensor(np.asarray(action, dtype=np.float32))
-            q = self.network.q_values(x, action.reshape(len(x), -1)).numpy()
+            action = torch.as_tensor(np.asarray(action, dtype=np.float32), device=self.device)
+            q = self.network.q_values(x, action.reshape(len(x), -1)).cpu().numpy()
         return q[0] if single else q
 
     @torch.inference_mode()
@@ -95,7 +95,7 @@ class Policy:
             action = self.network.deterministic_action(x)
         else:
             action = self.network.act(x)[0]
-        action = action.numpy()
+        action = action.cpu().numpy()
         if self.info.get("continuous"):
             action = np.clip(action, self.info["action_low"], self.info["action_high"])
         return action[0] if single else action
@@ -119,11 +119,12 @@ class OneEnv:
         self.envs.close()
 
 
-def load_policy(path: str | Path) -> Policy:
-    """The policy in a model file, a run directory (its model.pt) or a checkpoint file."""
+def load_policy(path: str | Path, best: bool = False) -> Policy:
+    """The policy in a model file, a run directory (its model.pt; with `best`, its
+    best_model.pt from evaluation during training) or a checkpoint file."""
     path = Path(path)
     if path.is_dir():
-        path = path / "model.pt"
+        path = find_best_model(path) if best else path / "model.pt"
     if not path.is_file():
         raise UsageError(f"{path} does not exist")
     try:
@@ -163,6 +164,91 @@ def find_model(run_dir: Path, checkpoint: str | Path | None) -> Path:
     )
 
 
+EVAL_SEED_OFFSET = 10_000  # evaluation episodes start from seeds the training envs never use
+
+
+def eval_seed(config: dict[str, Any]) -> int:
+    """The first seed of a run's evaluation episodes (episode i: this + i), both in `rlstore
+    eval` and during training: the same episodes, so that `rlstore eval --best` replays the
+    evaluation that made the best model."""
+    return config.get("seed", 0) + EVAL_SEED_OFFSET
+
+
+def make_eval_env(env_id: str, config: dict[str, Any], render: bool = False) -> Any:
+    """One env as the run's policy is evaluated on: the training env's id and time limit
+    (Atari: its preprocessing, in a one-env vector env), with the env's own rewards.
+    `render`: frames as RGB arrays, headless."""
+    max_steps = config.get("max_episode_steps")
+    if is_atari(check_env_id(env_id)):
+        if render:
+            raise UsageError("video does not support Atari envs yet; run without it")
+        envs = make_vec_env(env_id, 1, 0, max_episode_steps=max_steps,
+            sticky_actions=config.get("sticky_actions", False),
+            fire_on_life_loss=config.get("fire_on_life_loss", False))  # fmt: skip
+        return OneEnv(envs)
+    kwargs: dict[str, Any] = {"max_episode_steps": max_steps} if max_steps else {}
+    if render:
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display
+        kwargs["render_mode"] = "rgb_array"
+    return gym.make(env_id, **kwargs)
+
+
+def play_episodes(
+    policy: Policy,
+    env: Any,
+    seed: int,
+    episodes: int,
+    deterministic: bool,
+    video_env: Any = None,
+) -> tuple[list[float], list[int], list[np.ndarray]]:
+    """Episode i starts from env.reset(seed=seed + i); torch's RNG (a stochastic policy's
+    samples) is seeded with `seed` first. With `video_env` (a rendering env), the first
+    episode plays there and its frames come back: (returns, lengths, frames)."""
+    returns, lengths, frames = [], [], []
+    torch.manual_seed(seed)
+    for episode in range(episodes):
+        recording = video_env is not None and episode == 0
+        playing = video_env if recording else env
+        obs, _ = playing.reset(seed=seed + episode)
+        if recording:
+            frames.append(playing.render())
+        total, length, done = 0.0, 0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = playing.step(policy(obs, deterministic))
+            if recording:
+                frames.append(playing.render())
+            total, length = total + float(reward), length + 1
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(length)
+    return returns, lengths, frames
+
+
+def check_video_support(env_id: str, option: str) -> None:
+    """A UsageError unless videos can be written: moviepy (the [video] extra) present and
+    an env that renders (not Atari, yet)."""
+    try:
+        import moviepy  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            f'{option} needs moviepy: pip install "rlstore[video]" (in a clone: '
+            'pip install -e ".[video]")'
+        ) from None
+    if is_atari(check_env_id(env_id)):
+        raise UsageError(f"{option} does not support Atari envs yet; run without it")
+
+
+def write_video(frames: list[np.ndarray], path: Path, fps: float) -> None:
+    """frames (H x W x 3 uint8) to an mp4 file."""
+    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clip = ImageSequenceClip(list(frames), fps=fps)
+    clip.write_videofile(str(path), logger=None)
+    clip.close()
+
+
 def evaluate(
     run_dir: str | Path,
     episodes: int = 10,
@@ -170,10 +256,12 @@ def evaluate(
     video: bool = False,
     checkpoint: str | Path | None = None,
     seed: int | None = None,
+    best: bool = False,
 ) -> dict[str, Any]:
     """Roll out the run's policy for `episodes` episodes, with the policy's mode
-    (deterministic, as SB3 and RL Zoo evaluate) or sampling. Adds the result to eval.json
-    (one entry per model file and mode) and logs the eval scalars."""
+    (deterministic, as SB3 and RL Zoo evaluate) or sampling. `best`: the run's
+    best_model.pt (written by evaluation during training) instead of model.pt. Adds the
+    result to eval.json (one entry per model file and mode) and logs the eval scalars."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise UsageError(f"{run_dir} does not exist; give a run directory such as runs/<dir>")
@@ -181,7 +269,9 @@ def evaluate(
         raise UsageError(f"{run_dir} is not a run directory (it has no config.json)")
     if episodes < 1:
         raise UsageError(f"--episodes must be at least 1 (got {episodes})")
-    source = find_model(run_dir, checkpoint)
+    if best and checkpoint is not None:
+        raise UsageError("--best and --checkpoint both name a file; give one of them")
+    source = find_best_model(run_dir) if best else find_model(run_dir, checkpoint)
     policy = load_policy(source)
     cfg = policy.config
     how = "greedy" if policy.greedy else "deterministic" if deterministic else "stochastic"
@@ -194,34 +284,18 @@ def evaluate(
         f"rlstore eval: {policy.algo} on {policy.env_id}, {source}, "
         f"{plural(episodes, 'episode')}, {what}"
     )
-    env_kwargs = {}
-    if cfg.get("max_episode_steps"):
-        env_kwargs["max_episode_steps"] = cfg["max_episode_steps"]
-    if video and is_atari(check_env_id(policy.env_id)):
-        raise UsageError("--video does not support Atari envs yet; evaluate without --video")
-    video_file = None
     if video:
-        prefix = f"{source.stem}-{how}"
-        env, video_file = _video_env(policy.env_id, run_dir / "videos", prefix, env_kwargs)
-    elif is_atari(check_env_id(policy.env_id)):  # the training preprocessing, one env
-        env = OneEnv(make_vec_env(policy.env_id, 1, 0, max_episode_steps=cfg.get(
-            "max_episode_steps"), sticky_actions=cfg.get("sticky_actions", False),
-            fire_on_life_loss=cfg.get("fire_on_life_loss", False)))  # fmt: skip
-    else:
-        env = gym.make(policy.env_id, **env_kwargs)
-    seed = cfg.get("seed", 0) + 10_000 if seed is None else seed  # not the training envs' seeds
-    returns, lengths = [], []
-    torch.manual_seed(seed)
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        total, length, done = 0.0, 0, False
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(policy(obs, deterministic))
-            total, length = total + float(reward), length + 1
-            done = terminated or truncated
-        returns.append(total)
-        lengths.append(length)
+        check_video_support(policy.env_id, "--video")
+    env = make_eval_env(policy.env_id, cfg)
+    video_env = make_eval_env(policy.env_id, cfg, render=True) if video else None
+    seed = eval_seed(cfg) if seed is None else seed  # not the training envs' seeds
+    returns, lengths, frames = play_episodes(policy, env, seed, episodes, deterministic, video_env)
     env.close()
+    video_file = None
+    if video_env is not None:
+        video_file = new_video_path(run_dir / "videos", f"{source.stem}-{how}")
+        write_video(frames, video_file, video_env.metadata.get("render_fps", 30))
+        video_env.close()
     result = {
         "model": _relative(source, run_dir),
         "mode": how,
@@ -251,6 +325,29 @@ def evaluate(
     return result
 
 
+def find_best_model(run_dir: Path) -> Path:
+    """The run's best_model.pt, or one clear UsageError saying why there is none."""
+    source = run_dir / BEST_MODEL
+    if source.is_file():
+        return source
+    config = json.loads((run_dir / "config.json").read_text())
+    if not config.get("eval_every"):
+        raise UsageError(
+            f"{run_dir} has no {BEST_MODEL}: it was trained without evaluation; train with "
+            "--eval-every STEPS to keep the best model"
+        )
+    raise UsageError(f"{run_dir} has no {BEST_MODEL} yet: its first evaluation has not run")
+
+
+def new_video_path(folder: Path, prefix: str) -> Path:
+    """folder/prefix-episode-0.mp4, or prefix-N-episode-0.mp4: never an earlier video (the
+    names Gymnasium's RecordVideo gave them in earlier versions)."""
+    name, n = prefix, 1
+    while (folder / f"{name}-episode-0.mp4").exists():
+        name, n = f"{prefix}-{n}", n + 1
+    return folder / f"{name}-episode-0.mp4"
+
+
 def _relative(path: Path, run_dir: Path) -> str:
     try:
         return str(path.resolve().relative_to(run_dir.resolve()))
@@ -275,28 +372,132 @@ def write_eval_record(path: Path, result: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _video_env(
-    env_id: str, folder: Path, prefix: str, env_kwargs: dict[str, Any]
-) -> tuple[gym.Env, Path]:
-    """One env recording its first episode to folder/prefix[-N]-episode-0.mp4, never over an
-    earlier video, and that file."""
-    try:
-        import moviepy  # noqa: F401  (RecordVideo's writer)
-    except ImportError:
-        raise UsageError(
-            '--video needs moviepy: pip install "rlstore[video]" (in a clone: '
-            'pip install -e ".[video]")'
-        ) from None
-    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display
-    name, n = prefix, 1
-    while (folder / f"{name}-episode-0.mp4").exists():
-        name, n = f"{prefix}-{n}", n + 1
-    env = gym.make(env_id, render_mode="rgb_array", **env_kwargs)
-    with warnings.catch_warnings():  # "overwriting existing videos": the name is new
-        warnings.simplefilter("ignore")
-        env = gym.wrappers.RecordVideo(
-            env, str(folder), episode_trigger=lambda e: e == 0, name_prefix=name,
-            disable_logger=True,
-        )  # fmt: skip
-    return env, folder / f"{name}-episode-0.mp4"
+# -- evaluation during training ----------------------------------------------------------------
+
+BEST_MODEL = "best_model.pt"
+TENSORBOARD_VIDEO_SIDE = 240  # TensorBoard's GIFs are scaled down to at most this many pixels
+
+
+class Evaluator:
+    """Evaluation during training (--eval-every): every `eval_every` env steps and at the
+    end, `eval_episodes` episodes of the live policy exactly as `rlstore eval` plays them
+    (same env, same seeds, the policy's mode unless --eval-stochastic, observation
+    statistics frozen), logged as eval/mean_return, eval/std_return and eval/mean_length;
+    best_model.pt (model.pt's format) whenever the mean improves; with --capture-video, the
+    first episode of every `video_every`-th evaluation to videos/ and to TensorBoard.
+
+    Training never sees it: the global RNG states are put back after each evaluation, and
+    the eval envs are its own. Its state (every result so far, hence the best) goes into
+    checkpoints, so that a resumed run evaluates and picks the best as the uninterrupted
+    one does.
+    """
+
+    def __init__(self, algo: str, config: dict[str, Any], run_dir: Path, writer: Any) -> None:
+        self.algo, self.config, self.run_dir, self.writer = algo, config, run_dir, writer
+        self.every, self.episodes = config["eval_every"], config["eval_episodes"]
+        self.deterministic = not config["eval_stochastic"]
+        self.video_every = config["video_every"] if config["capture_video"] else 0
+        self.history: list[dict[str, Any]] = []  # one result per evaluation, in order
+        self._env: Any = None
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """The first evaluation with the highest mean return so far."""
+        return max(self.history, key=lambda r: r["mean_return"], default=None)
+
+    def due(self, before: int, after: int) -> bool:
+        """Whether the env steps from `before` to `after` crossed a multiple of eval_every."""
+        return after // self.every > before // self.every
+
+    def evaluate(
+        self,
+        network: torch.nn.Module,
+        spec: dict[str, Any],
+        obs_normalizer: ObsNormalizer | None,
+        global_step: int,
+    ) -> dict[str, Any]:
+        """Evaluate the policy now; log it, keep best_model.pt; return the result."""
+        from rlstore.checkpoint import rng_state, set_rng_state, write_policy
+
+        env_id = self.config["env_id"]
+        normalizer = obs_normalizer.state_dict() if obs_normalizer is not None else None
+        record = {"algo": self.algo, "env_id": env_id, "config": self.config,
+                  "global_step": global_step, "obs_normalizer": normalizer}  # fmt: skip
+        video = self.video_every > 0 and len(self.history) % self.video_every == 0
+        training_rng, was_training = rng_state(), network.training
+        try:
+            policy = Policy(network, spec, record)
+            if self._env is None:
+                self._env = make_eval_env(env_id, self.config)
+            video_env = make_eval_env(env_id, self.config, render=True) if video else None
+            seed = eval_seed(self.config)
+            returns, lengths, frames = play_episodes(
+                policy, self._env, seed, self.episodes, self.deterministic, video_env
+            )
+        finally:
+            set_rng_state(training_rng)
+            network.train(was_training)
+        result = {
+            "global_step": global_step,
+            "mean_return": float(np.mean(returns)),
+            "std_return": float(np.std(returns)),
+            "mean_length": float(np.mean(lengths)),
+            "returns": returns,
+            "lengths": lengths,
+        }
+        best = self.best
+        self.history.append(result)
+        result["best"] = best is None or result["mean_return"] > best["mean_return"]
+        if result["best"]:
+            write_policy(
+                self.run_dir / BEST_MODEL, algo=self.algo, env_id=env_id,
+                global_step=global_step, config=self.config, state_dict=network.state_dict(),
+                policy=spec, obs_normalizer=normalizer,
+            )  # fmt: skip
+        if self.writer is not None:
+            self.writer.add_scalar("eval/mean_return", result["mean_return"], global_step)
+            self.writer.add_scalar("eval/std_return", result["std_return"], global_step)
+            self.writer.add_scalar("eval/mean_length", result["mean_length"], global_step)
+        if video_env is not None:
+            fps = video_env.metadata.get("render_fps", 30)
+            video_env.close()
+            path = self.run_dir / "videos" / f"eval-step-{global_step}.mp4"
+            write_video(frames, path, fps)
+            result["video"] = str(path.relative_to(self.run_dir))
+            if self.writer is not None:
+                add_tensorboard_video(self.writer, "eval/video", frames, global_step, fps)
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = list(state["history"])
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def add_tensorboard_video(
+    writer: Any, tag: str, frames: list[np.ndarray], step: int, fps: float
+) -> None:
+    """Frames to TensorBoard as an animated GIF (its Images tab plays it), as
+    SummaryWriter.add_video does; that encodes with moviepy 1's API, which moviepy 2 no
+    longer has, so Pillow encodes here. Large frames are scaled down by a whole factor."""
+    import io
+
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    height, width = frames[0].shape[:2]
+    stride = max(1, -(-max(height, width) // TENSORBOARD_VIDEO_SIDE))
+    images = [Image.fromarray(np.ascontiguousarray(f[::stride, ::stride])) for f in frames]
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:],
+                   duration=round(1000 / fps), loop=0)  # fmt: skip
+    image = Summary.Image(height=images[0].height, width=images[0].width, colorspace=3,
+                          encoded_image_string=buffer.getvalue())  # fmt: skip
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]),
+                                          step)  # fmt: skip

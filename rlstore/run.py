@@ -50,6 +50,7 @@ from rlstore.checkpoint import (
 from rlstore.config import CommonConfig, run_dir_prefix, shipped_budget, validate
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.executor import RUNS_AT_ONCE, available_cores
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural, size
@@ -259,6 +260,12 @@ class Progress:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
+    def message(self, text: str) -> None:
+        """A line of its own on stderr (on a terminal, over the bar, which redraws below)."""
+        sys.stderr.write(("\r\x1b[K" if self.enabled and self.tty else "") + text + "\n")
+        sys.stderr.flush()
+        self.last_draw = 0.0
+
     def close(self) -> None:
         if self.enabled and self.tty:
             sys.stderr.write("\n")
@@ -284,6 +291,22 @@ class Callback:
 
     def on_checkpoint(self, run: Run, path: Path) -> bool | None:
         """After each checkpoint is written, with its path."""
+
+    def on_evaluation(self, run: Run, result: dict[str, Any]) -> bool | None:
+        """After each evaluation (--eval-every), with its result: global_step, mean_return,
+        std_return, mean_length, the returns and lengths, and `best` (True when it made a
+        new best_model.pt)."""
+
+
+class StopAtEvalReturn(Callback):
+    """Stop training once an evaluation's mean return reaches `threshold` (SB3's
+    StopTrainingOnRewardThreshold); needs --eval-every."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def on_evaluation(self, run: Run, result: dict[str, Any]) -> bool:
+        return result["mean_return"] < self.threshold
 
 
 @dataclasses.dataclass
@@ -385,6 +408,8 @@ class Run:
         run as it goes (Callback; sweeps watch a run's episodes through one)."""
         validate(cfg)
         spec = check_env_id(cfg.env_id)
+        if cfg.capture_video:
+            check_video_support(cfg.env_id, "--capture-video")
         self.device = resolve_device(cfg.device)
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
         if cfg.use_fast_paths:
@@ -409,6 +434,7 @@ class Run:
         self.stats = EpisodeStats(cfg.num_envs)
         self.state: TrainingState | None = None
         self.writer = None
+        self.evaluator: Evaluator | None = None
         self.stop_signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
 
@@ -422,6 +448,9 @@ class Run:
             self.dir = new_run_dir(cfg.logdir, cfg.env_id, cfg.exp_name or self.algo, cfg.seed)
         else:
             self.dir = Path(self.resume_dir)
+        if cfg.eval_every:
+            self.evaluator = Evaluator(self.algo, dataclasses.asdict(cfg), self.dir, None)
+        if self.resume_dir is not None:
             self._resume()
         record = {"algo": self.algo, "preset": str(self.preset) if self.preset else None}
         record.update(dataclasses.asdict(cfg))
@@ -434,6 +463,8 @@ class Run:
             # Everything at the checkpoint's own step was logged before it was written.
             purge = self.global_step + 1 if self.resume_dir is not None else None
             self.writer = SummaryWriter(str(self.dir), purge_step=purge)
+            if self.evaluator is not None:
+                self.evaluator.writer = self.writer
             if self.resume_dir is None:
                 rows = "\n".join(f"|{k}|{v}|" for k, v in record.items())
                 self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
@@ -490,6 +521,8 @@ class Run:
         print(f"rlstore: resuming from {path} at step {self.global_step:,}")
         if self.state.load_state_dict(checkpoint["algorithm"], self.cfg.seed):
             self.stats.load_state_dict(checkpoint["episode_stats"])
+        if self.evaluator is not None and checkpoint.get("evaluation") is not None:
+            self.evaluator.load_state_dict(checkpoint["evaluation"])
         # Last: building the parts drew random numbers of its own.
         set_rng_state(checkpoint["rng"])
 
@@ -502,6 +535,8 @@ class Run:
         while self.global_step < self.cfg.steps_run:
             before = self.global_step
             yield self.global_step // self.cfg.iteration_steps
+            if self.evaluator is not None and self.evaluator.due(before, self.global_step):
+                self.evaluate()
             if self.callbacks:  # (DQN iterates once per env step: nothing to do without any)
                 self._call("on_iteration")
             if self.stopped_by is not None:
@@ -572,6 +607,20 @@ class Run:
         self.progress.update(self.global_step, self.recent_mean_return)
         self._call("on_log", {name: float(value) for name, value in scalars.items()})
 
+    def evaluate(self) -> dict[str, Any]:
+        """Evaluate the policy now (--eval-every; Evaluator), say so, call on_evaluation."""
+        state = self.state
+        result = self.evaluator.evaluate(
+            state.policy, state.policy_spec, state.obs_normalizer, self.global_step
+        )
+        self.progress.message(
+            f"rlstore: eval at step {self.global_step:,}: return {result['mean_return']:.1f} "
+            f"+- {result['std_return']:.1f} over {plural(len(result['returns']), 'episode')}"
+            + (" (best so far: best_model.pt)" if result["best"] else "")
+        )
+        self._call("on_evaluation", result)
+        return result
+
     # -- signals and checkpoints --------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -598,6 +647,7 @@ class Run:
             rng=rng_state(),
             policy=self.state.policy_spec,
             algorithm=self.state.state_dict(),
+            evaluation=self.evaluator.state_dict() if self.evaluator is not None else None,
         )
         for old in checkpoint_files(directory)[self.cfg.keep_checkpoints :]:
             old.unlink()
@@ -630,6 +680,8 @@ class Run:
         (back to the default); safe to call again."""
         flush_denormals(False)
         self._blas_threads.restore_original_limits()
+        if self.evaluator is not None:
+            self.evaluator.close()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -638,7 +690,16 @@ class Run:
         self._previous_handlers = {}
 
     def finish(self) -> TrainResult:
-        """Write the final checkpoint and model file, close, and print the one-line summary."""
+        """Evaluate the final policy (with --eval-every, when the run is complete and its
+        last step was not evaluated), write the final checkpoint and model file, close, and
+        print the one-line summary."""
+        evaluator = self.evaluator
+        if (
+            evaluator is not None
+            and self.global_step >= self.cfg.steps_run
+            and not (evaluator.history and evaluator.history[-1]["global_step"] == self.global_step)
+        ):
+            self.evaluate()
         self.save_checkpoint()
         normalizer = self.state.obs_normalizer
         write_policy(
@@ -660,6 +721,7 @@ class Run:
             global_step=self.global_step,
             wall_seconds=self.wall_seconds(),
             episodes=self.finished_episodes(),
+            evaluations=evaluator.history if evaluator is not None else None,
         )
         self.close()
         self.progress.update(self.global_step, self.recent_mean_return, force=True)

@@ -1,0 +1,252 @@
+"""Evaluation during training (--eval-every; docs/guides/evaluation.md): it never changes
+the training run, it plays exactly the episodes `rlstore eval` plays, it keeps the best
+model, and a resumed run evaluates and picks the best as the uninterrupted one does."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from extras import needs
+from tiny_runs import SETUPS, Watch, params, replace, same_params
+
+import rlstore
+from rlstore.algos import dqn, ppo
+from rlstore.checkpoint import read_policy
+from rlstore.cli import main
+from rlstore.errors import TrainingInterrupted
+from rlstore.evaluate import BEST_MODEL, Evaluator, eval_seed, make_eval_env, play_episodes
+from rlstore.run import Callback, StopAtEvalReturn
+
+
+def evaluations(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "summary.json").read_text())["evaluations"]
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn", "sac", "td3"])
+def test_evaluation_never_changes_the_training_run(algo, tmp_path):
+    """Bitwise the same run with evaluation on (sampling actions, so that it draws from
+    torch's RNG, and at several points) as with it off."""
+    module, cfg = SETUPS[algo]
+    cfg = replace(cfg, checkpoint_every=0)
+    plain = module.train(replace(cfg, logdir=str(tmp_path / "plain")))
+    every = cfg.steps_run // 4
+    watched = module.train(
+        replace(cfg, logdir=str(tmp_path / "eval"), eval_every=every, eval_episodes=2,
+                eval_stochastic=True)
+    )  # fmt: skip
+    assert watched.episode_returns == plain.episode_returns
+    assert same_params(params(watched.model), params(plain.model))
+    # at the end of the iteration that crosses each multiple of eval_every, and at the end
+    steps = [e["global_step"] for e in evaluations(watched.run_dir)]
+    marks = [every * (k + 1) for k in range(4)]
+    assert all(0 <= s - m < cfg.iteration_steps for s, m in zip(steps, marks, strict=True))
+    assert steps[-1] == watched.global_step
+
+
+def test_rlstore_eval_best_replays_the_evaluation_that_made_the_best_model(tmp_path, capsys):
+    """With normalized observations (a reloaded policy that forgot its statistics scores as
+    a random one, CleanRL #310): `rlstore eval --best` plays the same episodes with the
+    same frozen statistics as the evaluation during training, to the same returns."""
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), norm_obs=True, eval_every=512, eval_episodes=4)
+    result = ppo.train(cfg)
+    history = evaluations(result.run_dir)
+    best = max(history, key=lambda e: e["mean_return"])
+    assert best["best"] and sum(e["best"] for e in history) >= 1
+    saved = read_policy(result.run_dir / BEST_MODEL)
+    assert saved["global_step"] == best["global_step"]
+    assert main(["eval", str(result.run_dir), "--best", "--episodes", "4"]) == 0
+    replay = json.loads((result.run_dir / "eval.json").read_text())["evaluations"][-1]
+    assert replay["model"] == BEST_MODEL
+    assert replay["returns"] == best["returns"] and replay["lengths"] == best["lengths"]
+    # and the final evaluation is the final model's
+    capsys.readouterr()
+    assert main(["eval", str(result.run_dir), "--episodes", "4"]) == 0
+    final = json.loads((result.run_dir / "eval.json").read_text())["evaluations"][-1]
+    assert final["returns"] == history[-1]["returns"]
+    # load_policy finds it too
+    policy = rlstore.load_policy(result.run_dir, best=True)
+    assert policy.global_step == best["global_step"]
+    assert policy.obs_normalizer is not None
+
+
+def test_best_model_is_written_only_when_the_mean_improves(tmp_path):
+    """Evaluator's bookkeeping on a policy whose returns are set by hand."""
+    config = {"env_id": "CartPole-v1", "seed": 3, "eval_every": 10, "eval_episodes": 1,
+              "eval_stochastic": False, "capture_video": False, "video_every": 1,
+              "max_episode_steps": None}  # fmt: skip
+    _, cfg = SETUPS["ppo"]
+    network = ppo.train(replace(cfg, logdir=str(tmp_path / "run"), total_timesteps=512)).model
+    spec = read_policy(next((tmp_path / "run").iterdir()) / "model.pt")["policy"]
+    evaluator = Evaluator("ppo", config, tmp_path, writer=None)
+    lengths = iter([20, 30, 30, 10, 40])  # episode lengths = returns on CartPole
+
+    def fake_play(policy, env, seed, episodes, deterministic, video_env=None):
+        n = next(lengths)
+        return [float(n)], [n], []
+
+    real_play, rlstore.evaluate.play_episodes = rlstore.evaluate.play_episodes, fake_play
+    try:
+        bests = []
+        for step in (10, 20, 30, 40):
+            bests.append(evaluator.evaluate(network, spec, None, step)["best"])
+            assert (
+                read_policy(tmp_path / BEST_MODEL)["global_step"] == evaluator.best["global_step"]
+            )
+        assert bests == [True, True, False, False]  # a tie is not an improvement
+        restored = Evaluator("ppo", config, tmp_path, writer=None)
+        restored.load_state_dict(evaluator.state_dict())
+        assert restored.evaluate(network, spec, None, 50)["best"]  # 40 beats the restored 30
+        assert restored.best["global_step"] == 50
+    finally:
+        rlstore.evaluate.play_episodes = real_play
+    assert evaluator.due(9, 10) and evaluator.due(19, 31) and not evaluator.due(10, 19)
+
+
+def test_a_resumed_run_evaluates_and_picks_the_best_as_the_uninterrupted_one(tmp_path):
+    _, cfg = SETUPS["dqn"]
+    cfg = replace(cfg, checkpoint_every=0, eval_every=500, eval_episodes=3)
+    full = dqn.train(replace(cfg, logdir=str(tmp_path / "full")))
+
+    def interrupt(run):
+        if run.global_step == 1200:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted):
+        dqn.train(replace(cfg, logdir=str(tmp_path / "cut")), callbacks=[Watch(interrupt)])
+    (run_dir,) = (tmp_path / "cut").iterdir()
+    assert [e["global_step"] for e in torch.load(
+        next((run_dir / "checkpoints").iterdir()), weights_only=True)["evaluation"]["history"]
+    ] == [500, 1000]  # fmt: skip
+    resumed = dqn.train(replace(cfg, logdir=str(tmp_path / "cut")), resume=run_dir)
+    assert same_params(params(resumed.model), params(full.model))
+    assert evaluations(run_dir) == evaluations(full.run_dir)
+    ours, theirs = read_policy(run_dir / BEST_MODEL), read_policy(full.run_dir / BEST_MODEL)
+    assert ours["global_step"] == theirs["global_step"]
+    for name, tensor in theirs["state_dict"].items():
+        assert torch.equal(ours["state_dict"][name], tensor)
+
+
+def test_evaluations_reach_tensorboard_and_callbacks(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = []
+
+    class Record(Callback):
+        def on_evaluation(self, run, result):
+            seen.append((run.global_step, result["mean_return"]))
+
+    _, cfg = SETUPS["ppo"]
+    result = ppo.train(replace(cfg, logdir=str(tmp_path), eval_every=1024), callbacks=[Record()])
+    history = evaluations(result.run_dir)
+    assert seen == [(e["global_step"], e["mean_return"]) for e in history]
+    events = EventAccumulator(str(result.run_dir))
+    events.Reload()
+    for tag, key in [("eval/mean_return", "mean_return"), ("eval/std_return", "std_return"),
+                     ("eval/mean_length", "mean_length")]:  # fmt: skip
+        logged = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert logged == [(e["global_step"], pytest.approx(e[key])) for e in history]
+    assert "rlstore: eval at step 1,024: return" in capsys.readouterr().err
+
+
+def test_stop_at_eval_return_stops_after_the_evaluation_that_reaches_it(tmp_path):
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), eval_every=256, eval_episodes=2)
+    full = evaluations(ppo.train(replace(cfg, logdir=str(tmp_path / "full"))).run_dir)
+    threshold = sorted(e["mean_return"] for e in full)[len(full) // 2]
+    first = next(e for e in full if e["mean_return"] >= threshold)
+    stopped = ppo.train(cfg, callbacks=[StopAtEvalReturn(threshold)])
+    assert stopped.global_step == first["global_step"]
+    # a stopped run resumes to the end, evaluating as the whole run does
+    resumed = ppo.train(cfg, resume=stopped.run_dir)
+    assert evaluations(resumed.run_dir) == full
+
+
+def test_evaluation_plays_the_episodes_rlstore_eval_plays(tmp_path):
+    """Episode i starts from seed + i; a policy's stochastic samples are seeded too."""
+    _, cfg = SETUPS["sac"]
+    result = rlstore.train_sac(replace(cfg, logdir=str(tmp_path), total_timesteps=400))
+    policy = rlstore.load_policy(result.run_dir)
+    env = make_eval_env("Pendulum-v1", policy.config)
+    seed = eval_seed(policy.config)
+    assert seed == policy.config["seed"] + 10_000
+    first = play_episodes(policy, env, seed, 2, deterministic=False)
+    again = play_episodes(policy, env, seed, 2, deterministic=False)
+    other = play_episodes(policy, env, seed + 1, 2, deterministic=False)
+    assert first[0] == again[0] and first[0] != other[0]
+    obs, _ = env.reset(seed=seed + 1)
+    start, _ = make_eval_env("Pendulum-v1", policy.config).reset(seed=seed + 1)
+    assert np.array_equal(obs, start)
+
+
+def test_bad_evaluation_options_are_one_line_and_exit_2(tmp_path, capsys):
+    logdir = str(tmp_path / "runs")
+    assert main(["train", "ppo", "--capture-video", "--logdir", logdir]) == 2
+    err = capsys.readouterr().err
+    assert "--capture-video records evaluation episodes; give --eval-every" in err
+    assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path), total_timesteps=512)).run_dir
+    assert main(["eval", str(run_dir), "--best"]) == 2
+    err = capsys.readouterr().err
+    assert "trained without evaluation; train with --eval-every" in err and err.count("\n") == 1
+    assert main(["eval", str(run_dir), "--best", "--checkpoint", "x.pt"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+@needs("video", "moviepy", "pygame")
+def test_capture_video_writes_mp4s_and_a_tensorboard_video(tmp_path, monkeypatch):
+    """Every second evaluation's first episode, to videos/ and to TensorBoard's Images tab
+    (an animated GIF, read back from the event file: the start and one frame per step)."""
+    import io
+
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "not-there"))
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), eval_every=512, eval_episodes=2,
+                  capture_video=True, video_every=2)  # fmt: skip
+    result = ppo.train(cfg)
+    history = evaluations(result.run_dir)
+    recorded = [e for e in history if "video" in e]
+    assert [e["global_step"] for e in recorded] == [512, 1536]
+    assert sorted(p.name for p in (result.run_dir / "videos").iterdir()) == [
+        "eval-step-1536.mp4", "eval-step-512.mp4"
+    ]  # fmt: skip
+    events = EventAccumulator(str(result.run_dir), size_guidance={"images": 0})
+    events.Reload()
+    images = events.Images("eval/video")
+    assert [i.step for i in images] == [512, 1536]
+    for image, entry in zip(images, recorded, strict=True):
+        gif = Image.open(io.BytesIO(image.encoded_image_string))
+        assert gif.format == "GIF" and (gif.width, gif.height) == (image.width, image.height)
+        assert max(gif.width, gif.height) <= 240  # CartPole's 600x400, scaled by 3
+        # Pillow merges a frame equal to the one before into its duration
+        durations = []
+        for k in range(gif.n_frames):
+            gif.seek(k)
+            durations.append(gif.info["duration"])
+        assert gif.n_frames > 1 and sum(durations) == (entry["lengths"][0] + 1) * 20  # 50 fps
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_eval_stochastic_and_eval_episodes_reach_the_evaluation(stochastic, tmp_path, monkeypatch):
+    seen = set()
+    real_call = rlstore.Policy.__call__
+
+    def watched(self, obs, deterministic=True):
+        seen.add(deterministic)
+        return real_call(self, obs, deterministic)
+
+    monkeypatch.setattr(rlstore.Policy, "__call__", watched)
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), total_timesteps=512, eval_every=256,
+                  eval_episodes=3, eval_stochastic=stochastic)  # fmt: skip
+    history = evaluations(ppo.train(cfg).run_dir)
+    assert seen == {not stochastic}
+    assert [len(e["returns"]) for e in history] == [3, 3]
