@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -198,6 +200,26 @@ def flush_denormals(on: bool) -> None:
     """Flush denormal floats (below ~1e-38) to zero in this thread, as TensorFlow does on
     CPU; numpy in the same thread is affected too, hence a Run turns it off when it ends."""
     torch.set_flush_denormal(on)
+
+
+def start_tracking(cfg: CommonConfig, run_dir: Path, record: dict[str, Any]) -> Any:
+    """--track: a Weights & Biases run, as CleanRL's: the config, and every TensorBoard
+    scalar synced (wandb patches the SummaryWriter made after this; the event files are
+    not copied, as they would be into the run directory TensorBoard reads). Its id is the
+    run directory's name, so that a resumed run continues the same W&B run; its files go
+    to run_dir/wandb. WANDB_MODE=offline keeps them there, for `wandb sync` later."""
+    import wandb
+
+    wandb.tensorboard.patch(root_logdir=str(run_dir), save=False)
+    return wandb.init(
+        project=cfg.wandb_project,
+        entity=cfg.wandb_entity,
+        name=run_dir.name,
+        id=re.sub(r"[^A-Za-z0-9_-]", "-", run_dir.name),
+        resume="allow",
+        config=record,
+        dir=str(run_dir),
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -410,6 +432,11 @@ class Run:
         spec = check_env_id(cfg.env_id)
         if cfg.capture_video:
             check_video_support(cfg.env_id, "--capture-video")
+        if cfg.track and importlib.util.find_spec("wandb") is None:
+            raise UsageError(
+                '--track needs wandb: pip install "rlstore[wandb]" (in a clone: '
+                'pip install -e ".[wandb]")'
+            )
         self.device = resolve_device(cfg.device)
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
         if cfg.use_fast_paths:
@@ -435,6 +462,7 @@ class Run:
         self.state: TrainingState | None = None
         self.writer = None
         self.evaluator: Evaluator | None = None
+        self.tracker: Any = None  # the W&B run, with --track
         self.stop_signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
 
@@ -457,6 +485,8 @@ class Run:
         # What "auto" became on this machine (read back by nobody: a resume resolves again).
         record["resolved"] = {"device": str(self.device), "torch_threads": torch.get_num_threads()}
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+        if cfg.track:
+            self.tracker = start_tracking(cfg, self.dir, record)
         if cfg.track_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -685,6 +715,9 @@ class Run:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.tracker is not None:
+            self.tracker.finish()
+            self.tracker = None
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers = {}

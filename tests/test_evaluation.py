@@ -250,3 +250,62 @@ def test_eval_stochastic_and_eval_episodes_reach_the_evaluation(stochastic, tmp_
     history = evaluations(ppo.train(cfg).run_dir)
     assert seen == {not stochastic}
     assert [len(e["returns"]) for e in history] == [3, 3]
+
+
+def wandb_records(run_dir: Path):
+    """The records of a run's offline W&B file: LevelDB's log format (32 KiB blocks,
+    7-byte chunk headers), after W&B's 7-byte file header, each record a protobuf."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data, pos, block, chunks = path.read_bytes(), 7, 32768, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if room >= 7 else (0, 0, 0)
+        if kind == 0:  # the zero padding at a block's end
+            pos += room
+            continue
+        chunks, pos = chunks + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            yield record
+
+
+@needs("wandb", "wandb")
+def test_track_sends_config_and_scalars_to_wandb_offline(tmp_path, monkeypatch):
+    """--track with WANDB_MODE=offline: the W&B run (id: the run directory's name) holds
+    the config, the episode returns and each evaluation, at their global steps."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), total_timesteps=1024, eval_every=512,
+                  eval_episodes=2, track=True)  # fmt: skip
+    result = ppo.train(cfg)
+    records = list(wandb_records(result.run_dir))
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == result.run_dir.name
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["learning_rate"] == cfg.learning_rate and config["algo"] == "ppo"
+    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]  # fmt: skip
+    returns = [(r["global_step"], r["charts/episodic_return"]) for r in rows
+               if "charts/episodic_return" in r]  # fmt: skip
+    # W&B keeps one value per tag and step: of episodes ending at one step, the last
+    last_per_step = dict(zip(result.episode_steps, result.episode_returns, strict=True))
+    assert returns == list(last_per_step.items())
+    evals = [(r["global_step"], r["eval/mean_return"]) for r in rows if "eval/mean_return" in r]
+    history = evaluations(result.run_dir)
+    assert evals == [(e["global_step"], pytest.approx(e["mean_return"])) for e in history]
+
+
+def test_track_without_wandb_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # as if not installed
+    assert main(["train", "ppo", "--track", "--logdir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert 'pip install "rlstore[wandb]"' in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
