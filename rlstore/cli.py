@@ -139,9 +139,10 @@ class PlotArgs:
     csv: str | None = None
     """Also write the curves (env, name, group, runs, step, mean, std) to this CSV file."""
     tag: str = "charts/episodic_return"
-    """The scalar to plot (eval/episodic_return, losses/value_loss, ...)."""
-    smooth: int = 10
-    """Trailing moving-average window, in logged points, applied to each run (1: none)."""
+    """The scalar to plot (eval/mean_return from --eval-every, losses/value_loss, ...)."""
+    smooth: int | None = None
+    """Trailing moving-average window, in logged points, applied to each run (1: none;
+    default: 10, and 1 for eval/ tags)."""
     points: int = 200
     """Grid points per curve."""
 

@@ -32,9 +32,16 @@ Curve = tuple[np.ndarray, np.ndarray]  # steps, values
 # and where or how fast a run ran.
 NOT_COMPARED = (
     "seed", "preset", "resolved", "logdir", "progress", "config", "device", "torch_threads",
-    "track_tensorboard", "checkpoint_every", "keep_checkpoints",
+    "track_tensorboard", "checkpoint_every", "keep_checkpoints", "capture_video", "video_every",
+    "track", "wandb_project", "wandb_entity",
 )  # fmt: skip
-DEFAULT_SMOOTH = 10
+DEFAULT_SMOOTH = 10  # points of training returns; evaluation curves (eval/...) are not smoothed
+
+
+def default_smooth(tag: str) -> int:
+    """The smoothing window for `tag`: none for evaluations (each point is already a mean
+    over episodes, and there are few), DEFAULT_SMOOTH for the rest."""
+    return 1 if tag.startswith("eval/") else DEFAULT_SMOOTH
 
 
 @dataclass
@@ -168,13 +175,15 @@ def plot(
     png: str | None = "curves.png",
     csv_path: str | None = None,
     tag: str = "charts/episodic_return",
-    smooth_window: int = DEFAULT_SMOOTH,
+    smooth_window: int | None = None,
     points: int = 200,
     references: dict[tuple[str, str], Reference] | None = None,
 ) -> list[Group]:
     """Draw the curves of the runs in `paths` to `png` and/or write them to `csv_path`;
     `references` maps (env, run name) to the band and threshold drawn behind its curve.
-    Returns the groups (print `describe(group)` to say what was grouped)."""
+    Returns the groups (print `describe(group)` to say what was grouped). `smooth_window`
+    defaults to default_smooth(tag)."""
+    smooth_window = default_smooth(tag) if smooth_window is None else smooth_window
     if smooth_window < 1 or points < 2:
         raise UsageError("--smooth must be at least 1 and --points at least 2")
     runs = find_runs(paths)
@@ -221,6 +230,8 @@ def y_label(tag: str, smooth_window: int) -> str:
     what = {
         "charts/episodic_return": "episodic return",
         "charts/episodic_length": "episode length",
+        "eval/mean_return": "evaluation return (mean over its episodes)",
+        "eval/mean_length": "evaluation episode length (mean)",
     }.get(tag, tag)
     smoothed = f", smoothed over {smooth_window} points" if smooth_window > 1 else ""
     return f"{what}, mean over seeds{smoothed}"

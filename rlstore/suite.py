@@ -5,8 +5,11 @@ format): rows of algorithm x env x seeds x budget, optional config overrides, an
 an optional reference band of the score with its source. The runs go to OUT/runs as
 ordinary run directories, at most `workers` at a time; a second start skips the finished
 runs and resumes the interrupted ones. The score of a run is the mean of its last `window`
-(100) training episode returns, as published tables score; a row's is the mean +- std
-over its seeds. The exit status is 1 when a row falls below its band.
+(100) training episode returns, as CleanRL's tables score, or with `score = "evaluation"`
+the mean return of its final evaluation (the final policy, deterministic, over
+`eval_episodes` episodes), as RL Zoo's tables score; a row's is the mean +- std over its
+seeds. The exit status is 1 when a row falls below its band. With rliable installed
+(rlstore[rliable]), the rows' scores are also aggregated across envs (aggregate.md).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ from rlstore.executor import (
 )
 from rlstore.text import plural
 
-SUITE_KEYS = ("name", "description", "seeds", "window", "row")
+SUITE_KEYS = ("name", "description", "seeds", "window", "score", "row")
 ROW_KEYS = (
     "name", "algo", "env", "steps", "seeds", "overrides", "threshold", "need", "band", "source",
+    "score", "normalize",
 )  # fmt: skip
+SCORES = ("training", "evaluation")
 REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
 
 
@@ -56,8 +61,13 @@ class Row:
     need: int | None = None  # seeds that must reach the threshold
     band: tuple[float, float] | None = None
     source: str | None = None
+    score: str = "training"  # or "evaluation": the final evaluation's mean return
+    normalize: tuple[float, float] | None = None  # scores mapped to [0, 1] for aggregates
 
     def specs(self, out: Path) -> list[RunSpec]:
+        overrides = {**self.overrides, "total_timesteps": self.steps}
+        if self.score == "evaluation":  # at least the final evaluation
+            overrides.setdefault("eval_every", self.steps)
         return [
             RunSpec(
                 self.algo,
@@ -65,7 +75,7 @@ class Row:
                 seed,
                 self.name,
                 str(out / "runs"),
-                {**self.overrides, "total_timesteps": self.steps},
+                overrides,
                 str(out / "logs" / f"{self.name}__{self.env.replace('/', '_')}__{seed}.log"),
             )
             for seed in self.seeds
@@ -106,6 +116,7 @@ def load_suite(path: Path) -> Suite:
     window = data.get("window", 100)
     if not isinstance(window, int) or window < 1:
         raise UsageError(f"{where}: window must be a whole number >= 1 (got {window!r})")
+    suite_score = _score(data.get("score", "training"), where)
     rows = []
     for i, raw in enumerate(data.get("row", [])):
         at = f"{where}, row {i + 1}"
@@ -131,6 +142,12 @@ def load_suite(path: Path) -> Suite:
             raise UsageError(f"{at}: need is a number of seeds, with a threshold to reach")
         if not isinstance(raw.get("overrides", {}), dict):
             raise UsageError(f"{at}: overrides must be a table of config fields")
+        normalize = raw.get("normalize")
+        if normalize is not None and not (
+            isinstance(normalize, list) and len(normalize) == 2
+            and all(_number(b) for b in normalize) and normalize[0] < normalize[1]
+        ):  # fmt: skip
+            raise UsageError(f"{at}: normalize must be [min, max] scores, min < max")
         rows.append(
             Row(
                 name=str(raw.get("name", raw["algo"])),
@@ -143,6 +160,8 @@ def load_suite(path: Path) -> Suite:
                 need=need,
                 band=tuple(band) if band else None,
                 source=raw.get("source"),
+                score=_score(raw.get("score", suite_score), at),
+                normalize=tuple(normalize) if normalize else None,
             )
         )
     if not rows:
@@ -161,6 +180,12 @@ def _known(table: dict, keys: tuple[str, ...], where: str) -> None:
             close = difflib.get_close_matches(key, keys, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(keys)}"
             raise UsageError(f"{where}: unknown key '{key}'{hint}")
+
+
+def _score(value: Any, where: str) -> str:
+    if value not in SCORES:
+        raise UsageError(f'{where}: score must be "training" or "evaluation" (got {value!r})')
+    return value
 
 
 def _number(value: Any) -> bool:
@@ -189,8 +214,10 @@ def preflight(rows: list[Row]) -> None:
 # -- results ----------------------------------------------------------------------------------
 
 
-def run_result(summary: dict, window: int, threshold: float | None) -> dict:
-    """One run's numbers from its summary.json."""
+def run_result(
+    summary: dict, window: int, threshold: float | None, score: str = "training"
+) -> dict:
+    """One run's numbers from its summary.json; its score by the row's `score`."""
     returns = summary["episodes"]["returns"]
     steps = summary["episodes"]["steps"]
     reached = None
@@ -198,10 +225,15 @@ def run_result(summary: dict, window: int, threshold: float | None) -> dict:
         means = np.convolve(returns, np.ones(REACH_WINDOW) / REACH_WINDOW, mode="valid")
         hits = np.flatnonzero(means >= threshold)
         reached = int(steps[hits[0] + REACH_WINDOW - 1]) if len(hits) else None
+    if score == "evaluation":
+        evaluations = summary.get("evaluations") or [{"mean_return": float("nan")}]
+        value = evaluations[-1]["mean_return"]
+    else:
+        value = float(np.mean(returns[-window:])) if returns else float("nan")
     return {
         "seed": summary["seed"],
         "run_dir": summary["run_dir"],
-        "score": float(np.mean(returns[-window:])) if returns else float("nan"),
+        "score": value,
         "episodes": len(returns),
         "steps": summary["global_step"],
         "reached_at": reached,
@@ -224,6 +256,8 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "score_std": std,
         "band": list(row.band) if row.band else None,
         "source": row.source,
+        "score": row.score,
+        "normalize": list(row.normalize) if row.normalize else None,
         "below_band": bool(row.band is not None and mean < row.band[0]),
         "above_band": bool(row.band is not None and mean > row.band[1]),
         "threshold": row.threshold,
@@ -261,8 +295,15 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         f"# Benchmark: {suite.name}",
         "",
         *([f"Made by `rlstore benchmark {suite.name}` with {made}.", ""] if made else []),
-        f"Score: per seed, the mean of the last {suite.window} training episode returns; per "
-        "row, the mean +- std (population) over seeds. Steps to threshold: the median over "
+        f"Score: per seed, the mean of the last {suite.window} training episode returns "
+        + (
+            "(rows marked (eval): the mean return of the final evaluation, the final policy "
+            "played deterministically as `rlstore eval` plays it, as RL Zoo's tables score)"
+            if any(r["score"] == "evaluation" for r in rows)
+            else ""
+        )
+        + "; per row, the mean +- std (population) over seeds. Steps to threshold (on "
+        "training returns): the median over "
         f"the seeds that got there of the first env step where the mean of the last "
         f"{REACH_WINDOW} returns met it. Wall time and steps/s: per run, mean over seeds.",
         "",
@@ -287,7 +328,8 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
             verdict = "ok" if judged else "-"
         lines.append(
             f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
-            f"{r['score_mean']:.1f} +- {r['score_std']:.1f} | {band} | {to} | "
+            f"{r['score_mean']:.1f} +- {r['score_std']:.1f}"
+            f"{' (eval)' if r['score'] == 'evaluation' else ''} | {band} | {to} | "
             f"{r['wall_seconds']:.1f} | {r['steps_per_second']:,.0f} | {verdict} |"
         )
     sources = [f"- {r['name']} on {r['env']}: {r['source']}" for r in rows if r["source"]]
@@ -362,9 +404,15 @@ def benchmark(
                     f"{spec.label} finished, but not in {out_dir}: with --address, --out "
                     "must be on storage that every node of the cluster mounts"
                 )
-            runs.append(run_result(read_summary(run_dir), suite.window, row.threshold))
+            summary = read_summary(run_dir)
+            runs.append(run_result(summary, suite.window, row.threshold, row.score))
         rows.append(row_result(row, runs))
     text = results_markdown(suite, rows, made_where())
+    aggregated = _aggregate(out_dir, suite.name, rows, plot)
+    if aggregated:
+        text += "\n" + aggregated.replace(
+            f"# Aggregate metrics: {suite.name}", "## Aggregate metrics"
+        )
     (out_dir / "results.md").write_text(text)
     (out_dir / "results.json").write_text(json.dumps({"suite": suite.name, "rows": rows}, indent=1))
     print(text, end="")
@@ -372,6 +420,29 @@ def benchmark(
         _plot_suite(out_dir, suite.rows)
     print(f"rlstore benchmark: results in {out_dir}/results.md and results.json")
     return 1 if any(r["below_band"] or r["too_few_reached"] for r in rows) else 0
+
+
+def _aggregate(out_dir: Path, name: str, rows: list[dict], draw: bool) -> str:
+    """rliable's aggregates of the rows (rlstore.aggregate), to aggregate.json and, with
+    `draw`, aggregate.png; their markdown, or "" (said why) without rliable or ranges."""
+    import importlib.util
+
+    from rlstore import aggregate
+
+    if importlib.util.find_spec("rliable") is None:
+        print("rlstore benchmark: no aggregate metrics: they need rlstore[rliable]")
+        return ""
+    usable = [r for r in rows if r.get("normalize") or r.get("band")]
+    if not usable:
+        return ""
+    result = aggregate.aggregate(rows)
+    (out_dir / "aggregate.json").write_text(json.dumps(result, indent=1))
+    if draw:
+        try:
+            aggregate.draw(result, out_dir / "aggregate.png")
+        except UsageError as e:
+            print(f"rlstore benchmark: no aggregate plot: {e}")
+    return aggregate.aggregate_markdown(result, name)
 
 
 def _plot_suite(out_dir: Path, rows: list[Row]) -> None:

@@ -259,6 +259,10 @@ def test_shipped_suites_load_and_name_their_sources():
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 10\n', "smaller than one rollout"),
         ('seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nthreshold = 1\n'
          "need = 2\n", "need is a number of seeds, with a threshold to reach"),
+        ('score = "final"\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n',
+         'score must be "training" or "evaluation"'),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nnormalize = [5, 1]\n',
+         "normalize must be [min, max] scores, min < max"),
     ],
 )  # fmt: skip
 def test_bad_suites_are_one_line_and_write_nothing(tmp_path, capsys, text, message):
@@ -333,3 +337,28 @@ def test_curves_draw_each_rows_reference_band_and_threshold(monkeypatch, tmp_pat
     for row in rows:
         reference = drawn["references"][row.env, row.name]
         assert (reference.band, reference.threshold) == (row.band, row.threshold)
+
+
+def test_a_row_scored_on_evaluation_takes_the_final_evaluation(tmp_path, capsys):
+    """score = "evaluation" (RL Zoo's way): each seed's score is the mean return of the final
+    evaluation, which is what `rlstore eval` gives for the final model; the table says so."""
+    suite = tmp_path / "eval.toml"
+    suite.write_text(
+        'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n'
+        'score = "evaluation"\noverrides = { num_steps = 64, eval_episodes = 3 }\n'
+    )
+    out = tmp_path / "out"
+    assert main(["benchmark", str(suite), "--out", str(out), "--workers", "1", "--no-plot"]) == 0
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
+    (run_dir,) = (out / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [e["global_step"] for e in summary["evaluations"]] == [1024]  # only at the end
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "3"]) == 0
+    evaluated = json.loads((run_dir / "eval.json").read_text())["evaluations"][-1]
+    assert row["score"] == "evaluation"
+    assert row["runs"][0]["score"] == evaluated["mean_return"]
+    returns = summary["episodes"]["returns"]
+    assert row["runs"][0]["score"] != pytest.approx(np.mean(returns[-100:]))  # not training
+    table = (out / "results.md").read_text()
+    assert "(eval)" in table and "the mean return of the final evaluation" in table

@@ -175,3 +175,27 @@ def test_no_png_writes_only_the_csv_and_smoothing_defaults_to_ten(runs, tmp_path
     one = tmp_path / "one.csv"
     assert main(["plot", str(runs), "--csv", str(one), "--no-png", "--smooth", "1"]) == 0
     assert read_csv(one) != read_csv(default)
+
+
+def test_evaluation_curves_are_drawn_unsmoothed_from_eval_mean_return(tmp_path):
+    """--tag eval/mean_return: each seed's evaluations as logged (no smoothing by default),
+    averaged over seeds at the evaluation steps."""
+    from tiny_runs import SETUPS, replace
+
+    from rlstore.algos import ppo
+    from rlstore.plot import plot
+
+    _, cfg = SETUPS["ppo"]
+    histories = []
+    for seed in (1, 2):
+        run = ppo.train(replace(cfg, logdir=str(tmp_path / "runs"), seed=seed, eval_every=512,
+                                eval_episodes=2))  # fmt: skip
+        summary = json.loads((run.run_dir / "summary.json").read_text())
+        histories.append([e["mean_return"] for e in summary["evaluations"]])
+    csv_path = tmp_path / "eval.csv"
+    plot([str(tmp_path / "runs")], png=None, csv_path=str(csv_path), tag="eval/mean_return",
+         points=4)  # fmt: skip
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [float(r["step"]) for r in rows] == [512, 1024, 1536, 2048]
+    expected = np.mean(histories, axis=0)
+    np.testing.assert_allclose([float(r["mean"]) for r in rows], expected, rtol=1e-6)
