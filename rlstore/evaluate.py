@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -101,24 +102,6 @@ class Policy:
         return action[0] if single else action
 
 
-class OneEnv:
-    """A one-env vector env seen as a single env (reset after each episode, never autoreset)."""
-
-    def __init__(self, envs: gym.vector.VectorEnv) -> None:
-        self.envs = envs
-
-    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        obs, info = self.envs.reset(seed=seed)
-        return obs[0], info
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.envs.step(np.asarray([action]))
-        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), info
-
-    def close(self) -> None:
-        self.envs.close()
-
-
 def load_policy(path: str | Path, best: bool = False) -> Policy:
     """The policy in a model file, a run directory (its model.pt; with `best`, its
     best_model.pt from evaluation during training) or a checkpoint file."""
@@ -174,54 +157,71 @@ def eval_seed(config: dict[str, Any]) -> int:
     return config.get("seed", 0) + EVAL_SEED_OFFSET
 
 
-def make_eval_env(env_id: str, config: dict[str, Any], render: bool = False) -> Any:
-    """One env as the run's policy is evaluated on: the training env's id and time limit
-    (Atari: its preprocessing, in a one-env vector env), with the env's own rewards.
-    `render`: frames as RGB arrays, headless."""
+EVAL_ENVS = 16  # evaluation episodes played side by side, one batch of actions per step
+
+
+def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.vector.VectorEnv:
+    """Copies of the env a run's policy is evaluated on, min(episodes, EVAL_ENVS) of them
+    in one vector env: the training env's id and time limit (Atari: its preprocessing),
+    with the env's own rewards. Each copy is the env `gym.make` gives (Atari: rlstore's
+    vector env), so an episode is the same one as played alone."""
+    count = min(episodes, EVAL_ENVS)
     max_steps = config.get("max_episode_steps")
     if is_atari(check_env_id(env_id)):
-        if render:
-            raise UsageError("video does not support Atari envs yet; run without it")
-        envs = make_vec_env(env_id, 1, 0, max_episode_steps=max_steps,
+        return make_vec_env(env_id, count, 0, max_episode_steps=max_steps,
             sticky_actions=config.get("sticky_actions", False),
             fire_on_life_loss=config.get("fire_on_life_loss", False))  # fmt: skip
-        return OneEnv(envs)
     kwargs: dict[str, Any] = {"max_episode_steps": max_steps} if max_steps else {}
-    if render:
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display
-        kwargs["render_mode"] = "rgb_array"
-    return gym.make(env_id, **kwargs)
+    return gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id, **kwargs)] * count)
+
+
+def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:
+    """One env as make_eval_envs makes them, rendering RGB frames, headless (not Atari)."""
+    if is_atari(check_env_id(env_id)):
+        raise UsageError("video does not support Atari envs yet; run without it")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display
+    max_steps = config.get("max_episode_steps")
+    kwargs: dict[str, Any] = {"max_episode_steps": max_steps} if max_steps else {}
+    return gym.make(env_id, render_mode="rgb_array", **kwargs)
 
 
 def play_episodes(
     policy: Policy,
-    env: Any,
+    envs: gym.vector.VectorEnv,
     seed: int,
     episodes: int,
     deterministic: bool,
-    video_env: Any = None,
+    video_env: gym.Env | None = None,
 ) -> tuple[list[float], list[int], list[np.ndarray]]:
-    """Episode i starts from env.reset(seed=seed + i); torch's RNG (a stochastic policy's
-    samples) is seeded with `seed` first. With `video_env` (a rendering env), the first
-    episode plays there and its frames come back: (returns, lengths, frames)."""
-    returns, lengths, frames = [], [], []
+    """Play `episodes` episodes: episode i starts from reset(seed=seed + i). torch's RNG (a
+    stochastic policy's samples) is seeded with `seed` first. The episodes play side by
+    side on `envs`, in batches of its num_envs, each sub-env one episode (what it does
+    after its episode ends is not counted). With `video_env` (a rendering env), episode 0
+    plays there alone, and its frames come back: (returns, lengths, frames)."""
+    returns, lengths, frames = [0.0] * episodes, [0] * episodes, []
     torch.manual_seed(seed)
-    for episode in range(episodes):
-        recording = video_env is not None and episode == 0
-        playing = video_env if recording else env
-        obs, _ = playing.reset(seed=seed + episode)
-        if recording:
-            frames.append(playing.render())
-        total, length, done = 0.0, 0, False
+    first = 0
+    if video_env is not None:
+        obs, _ = video_env.reset(seed=seed)
+        frames.append(video_env.render())
+        done = False
         while not done:
-            obs, reward, terminated, truncated, _ = playing.step(policy(obs, deterministic))
-            if recording:
-                frames.append(playing.render())
-            total, length = total + float(reward), length + 1
+            obs, reward, terminated, truncated, _ = video_env.step(policy(obs, deterministic))
+            frames.append(video_env.render())
+            returns[0], lengths[0] = returns[0] + float(reward), lengths[0] + 1
             done = terminated or truncated
-        returns.append(total)
-        lengths.append(length)
+        first = 1
+    n = envs.num_envs
+    for start in range(first, episodes, n):
+        obs, _ = envs.reset(seed=[seed + start + i for i in range(n)])
+        playing = np.arange(n) < episodes - start  # sub-env i plays episode start + i
+        while playing.any():
+            obs, rewards, terminated, truncated, _ = envs.step(policy(obs, deterministic))
+            for i in np.flatnonzero(playing):
+                returns[start + i] += float(rewards[i])
+                lengths[start + i] += 1
+            playing &= ~(terminated | truncated)
     return returns, lengths, frames
 
 
@@ -286,11 +286,11 @@ def evaluate(
     )
     if video:
         check_video_support(policy.env_id, "--video")
-    env = make_eval_env(policy.env_id, cfg)
-    video_env = make_eval_env(policy.env_id, cfg, render=True) if video else None
+    envs = make_eval_envs(policy.env_id, cfg, episodes)
+    video_env = make_video_env(policy.env_id, cfg) if video else None
     seed = eval_seed(cfg) if seed is None else seed  # not the training envs' seeds
-    returns, lengths, frames = play_episodes(policy, env, seed, episodes, deterministic, video_env)
-    env.close()
+    returns, lengths, frames = play_episodes(policy, envs, seed, episodes, deterministic, video_env)
+    envs.close()
     video_file = None
     if video_env is not None:
         video_file = new_video_path(run_dir / "videos", f"{source.stem}-{how}")
@@ -398,7 +398,7 @@ class Evaluator:
         self.deterministic = not config["eval_stochastic"]
         self.video_every = config["video_every"] if config["capture_video"] else 0
         self.history: list[dict[str, Any]] = []  # one result per evaluation, in order
-        self._env: Any = None
+        self._envs: gym.vector.VectorEnv | None = None
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -427,12 +427,12 @@ class Evaluator:
         training_rng, was_training = rng_state(), network.training
         try:
             policy = Policy(network, spec, record)
-            if self._env is None:
-                self._env = make_eval_env(env_id, self.config)
-            video_env = make_eval_env(env_id, self.config, render=True) if video else None
+            if self._envs is None:
+                self._envs = make_eval_envs(env_id, self.config, self.episodes)
+            video_env = make_video_env(env_id, self.config) if video else None
             seed = eval_seed(self.config)
             returns, lengths, frames = play_episodes(
-                policy, self._env, seed, self.episodes, self.deterministic, video_env
+                policy, self._envs, seed, self.episodes, self.deterministic, video_env
             )
         finally:
             set_rng_state(training_rng)
@@ -475,9 +475,9 @@ class Evaluator:
         self.history = list(state["history"])
 
     def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        if self._envs is not None:
+            self._envs.close()
+            self._envs = None
 
 
 def add_tensorboard_video(

@@ -204,14 +204,12 @@ def flush_denormals(on: bool) -> None:
 
 def start_tracking(cfg: CommonConfig, run_dir: Path, record: dict[str, Any]) -> Any:
     """--track: a Weights & Biases run, as CleanRL's: the config, and every TensorBoard
-    scalar synced (wandb patches the SummaryWriter made after this; the event files are
-    not copied, as they would be into the run directory TensorBoard reads). Its id is the
-    run directory's name, so that a resumed run continues the same W&B run; its files go
-    to run_dir/wandb. WANDB_MODE=offline keeps them there, for `wandb sync` later."""
+    scalar (TrackingWriter logs each as it is written). Its id is the run directory's
+    name, so that a resumed run continues the same W&B run; its files go to run_dir/wandb.
+    WANDB_MODE=offline keeps them there, for `wandb sync` later."""
     import wandb
 
-    wandb.tensorboard.patch(root_logdir=str(run_dir), save=False)
-    return wandb.init(
+    tracker = wandb.init(
         project=cfg.wandb_project,
         entity=cfg.wandb_entity,
         name=run_dir.name,
@@ -220,6 +218,25 @@ def start_tracking(cfg: CommonConfig, run_dir: Path, record: dict[str, Any]) -> 
         config=record,
         dir=str(run_dir),
     )
+    tracker.define_metric("global_step")
+    tracker.define_metric("*", step_metric="global_step")  # W&B's x axis: the env step
+    return tracker
+
+
+class TrackingWriter:
+    """A SummaryWriter that also sends each scalar to a W&B run, at its global step.
+    (W&B's own TensorBoard sync tails the event files from a thread, and can miss the last
+    steps of a run that ends.)"""
+
+    def __init__(self, writer: Any, tracker: Any) -> None:
+        self.writer, self.tracker = writer, tracker
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        self.writer.add_scalar(tag, value, global_step)
+        self.tracker.log({tag: value, "global_step": global_step})
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the SummaryWriter's
+        return getattr(self.writer, name)
 
 
 def seed_everything(seed: int) -> None:
@@ -493,6 +510,8 @@ class Run:
             # Everything at the checkpoint's own step was logged before it was written.
             purge = self.global_step + 1 if self.resume_dir is not None else None
             self.writer = SummaryWriter(str(self.dir), purge_step=purge)
+            if self.tracker is not None:
+                self.writer = TrackingWriter(self.writer, self.tracker)
             if self.evaluator is not None:
                 self.evaluator.writer = self.writer
             if self.resume_dir is None:

@@ -5,9 +5,9 @@ model, and a resumed run evaluates and picks the best as the uninterrupted one d
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from extras import needs
@@ -18,7 +18,7 @@ from rlstore.algos import dqn, ppo
 from rlstore.checkpoint import read_policy
 from rlstore.cli import main
 from rlstore.errors import TrainingInterrupted
-from rlstore.evaluate import BEST_MODEL, Evaluator, eval_seed, make_eval_env, play_episodes
+from rlstore.evaluate import BEST_MODEL, Evaluator, eval_seed, play_episodes
 from rlstore.run import Callback, StopAtEvalReturn
 
 
@@ -166,21 +166,42 @@ def test_stop_at_eval_return_stops_after_the_evaluation_that_reaches_it(tmp_path
     assert evaluations(resumed.run_dir) == full
 
 
-def test_evaluation_plays_the_episodes_rlstore_eval_plays(tmp_path):
-    """Episode i starts from seed + i; a policy's stochastic samples are seeded too."""
-    _, cfg = SETUPS["sac"]
-    result = rlstore.train_sac(replace(cfg, logdir=str(tmp_path), total_timesteps=400))
+@pytest.mark.parametrize("algo, env_id", [("ppo", "CartPole-v1"), ("sac", "Pendulum-v1")])
+def test_episodes_played_side_by_side_equal_a_naive_one_at_a_time_loop(algo, env_id, tmp_path):
+    """play_episodes on a vector env (episodes of different lengths, in two batches, the
+    last one not full) gives each episode's return and length as a plain loop over
+    gym.make(env_id) with reset(seed=seed + i) does; a stochastic policy's samples repeat
+    for the same seed and not for another."""
+    import gymnasium as gym
+
+    from rlstore.evaluate import EVAL_ENVS, make_eval_envs
+
+    _, cfg = SETUPS[algo]
+    result = rlstore.algos.get(algo).train(
+        replace(cfg, logdir=str(tmp_path), env_id=env_id, max_episode_steps=None,
+                total_timesteps=1024 if algo == "ppo" else 400)
+    )  # fmt: skip
     policy = rlstore.load_policy(result.run_dir)
-    env = make_eval_env("Pendulum-v1", policy.config)
     seed = eval_seed(policy.config)
     assert seed == policy.config["seed"] + 10_000
-    first = play_episodes(policy, env, seed, 2, deterministic=False)
-    again = play_episodes(policy, env, seed, 2, deterministic=False)
-    other = play_episodes(policy, env, seed + 1, 2, deterministic=False)
-    assert first[0] == again[0] and first[0] != other[0]
-    obs, _ = env.reset(seed=seed + 1)
-    start, _ = make_eval_env("Pendulum-v1", policy.config).reset(seed=seed + 1)
-    assert np.array_equal(obs, start)
+    episodes = EVAL_ENVS + 3
+    envs = make_eval_envs(env_id, policy.config, episodes)
+    returns, lengths, _ = play_episodes(policy, envs, seed, episodes, deterministic=True)
+    env, naive_returns, naive_lengths = gym.make(env_id), [], []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        total, length, done = 0.0, 0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy(obs))
+            total, length, done = total + float(reward), length + 1, terminated or truncated
+        naive_returns.append(total)
+        naive_lengths.append(length)
+    assert lengths == naive_lengths and returns == pytest.approx(naive_returns, rel=1e-5)
+    if algo == "ppo":
+        assert len(set(lengths)) > 1  # episodes end at different steps
+    sampled = play_episodes(policy, envs, seed, 4, deterministic=False)
+    assert play_episodes(policy, envs, seed, 4, deterministic=False) == sampled
+    assert play_episodes(policy, envs, seed + 1, 4, deterministic=False) != sampled
 
 
 def test_bad_evaluation_options_are_one_line_and_exit_2(tmp_path, capsys):
@@ -286,7 +307,17 @@ def test_track_sends_config_and_scalars_to_wandb_offline(tmp_path, monkeypatch):
     cfg = replace(cfg, logdir=str(tmp_path), total_timesteps=1024, eval_every=512,
                   eval_episodes=2, track=True)  # fmt: skip
     result = ppo.train(cfg)
-    records = list(wandb_records(result.run_dir))
+    # W&B's service process writes the file after finish() returns: wait for its end
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            records = list(wandb_records(result.run_dir))
+        except Exception:  # a record half written
+            records = []
+        ended = records and records[-1].WhichOneof("record_type") == "exit"
+        if ended or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.run_id == result.run_dir.name
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
@@ -295,9 +326,7 @@ def test_track_sends_config_and_scalars_to_wandb_offline(tmp_path, monkeypatch):
             for r in records if r.WhichOneof("record_type") == "history"]  # fmt: skip
     returns = [(r["global_step"], r["charts/episodic_return"]) for r in rows
                if "charts/episodic_return" in r]  # fmt: skip
-    # W&B keeps one value per tag and step: of episodes ending at one step, the last
-    last_per_step = dict(zip(result.episode_steps, result.episode_returns, strict=True))
-    assert returns == list(last_per_step.items())
+    assert returns == list(zip(result.episode_steps, result.episode_returns, strict=True))
     evals = [(r["global_step"], r["eval/mean_return"]) for r in rows if "eval/mean_return" in r]
     history = evaluations(result.run_dir)
     assert evals == [(e["global_step"], pytest.approx(e["mean_return"])) for e in history]
