@@ -214,7 +214,7 @@ def play_episodes(
         first = 1
     n = envs.num_envs
     for start in range(first, episodes, n):
-        obs, _ = envs.reset(seed=[seed + start + i for i in range(n)])
+        obs, _ = envs.reset(seed=seed + start)  # sub-env i: seed + start + i
         playing = np.arange(n) < episodes - start  # sub-env i plays episode start + i
         while playing.any():
             obs, rewards, terminated, truncated, _ = envs.step(policy(obs, deterministic))
