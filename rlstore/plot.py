@@ -117,6 +117,19 @@ def aggregate(curves: list[Curve], points: int) -> tuple[np.ndarray, np.ndarray,
     return grid, stacked.mean(axis=0), stacked.std(axis=0)
 
 
+def _defaults(algo: str) -> dict[str, Any]:
+    """The config fields of `algo` at their defaults ({} for an algorithm not registered
+    here)."""
+    import dataclasses
+
+    from rlstore import algos
+
+    try:
+        return json.loads(json.dumps(dataclasses.asdict(algos.get(algo).config())))
+    except UsageError:
+        return {}
+
+
 def group_runs(runs: list[Path], tag: str, window: int) -> list[Group]:
     """The runs' smoothed curves, grouped by experiment, in a stable order."""
     groups: dict[str, Group] = {}
@@ -128,7 +141,10 @@ def group_runs(runs: list[Path], tag: str, window: int) -> list[Group]:
             continue
         record = json.loads((run / "config.json").read_text())
         name = record.get("exp_name") or record["algo"]
-        settings = {k: v for k, v in record.items() if k not in NOT_COMPARED}
+        # a field newer than the run had its default's behaviour: runs made before and
+        # after it was added are the same experiment
+        settings = {k: v for k, v in {**_defaults(record["algo"]), **record}.items()
+                    if k not in NOT_COMPARED}  # fmt: skip
         key = json.dumps([record["env_id"], name, settings], sort_keys=True, default=str)
         group = groups.setdefault(key, Group(record["env_id"], name, settings))
         order = np.argsort(curve[0], kind="stable")

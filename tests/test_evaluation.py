@@ -332,6 +332,15 @@ def test_track_sends_config_and_scalars_to_wandb_offline(tmp_path, monkeypatch):
     assert evals == [(e["global_step"], pytest.approx(e["mean_return"])) for e in history]
 
 
+def test_capture_video_without_moviepy_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "moviepy", None)  # as if not installed
+    args = ["--eval-every", "1000", "--capture-video", "--logdir", str(tmp_path / "runs")]
+    assert main(["train", "ppo", *args]) == 2
+    err = capsys.readouterr().err
+    assert 'pip install "rlstore[video]"' in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
 def test_track_without_wandb_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # as if not installed
     assert main(["train", "ppo", "--track", "--logdir", str(tmp_path / "runs")]) == 2

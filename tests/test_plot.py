@@ -199,3 +199,23 @@ def test_evaluation_curves_are_drawn_unsmoothed_from_eval_mean_return(tmp_path):
     assert [float(r["step"]) for r in rows] == [512, 1024, 1536, 2048]
     expected = np.mean(histories, axis=0)
     np.testing.assert_allclose([float(r["mean"]) for r in rows], expected, rtol=1e-6)
+
+
+def test_runs_made_before_a_config_field_existed_group_with_runs_at_its_default(tmp_path):
+    """A run whose config.json lacks a field added later (eval_every, say) is the same
+    experiment as one with that field at its default."""
+    from rlstore.plot import group_runs
+
+    for seed, drop in ((1, True), (2, False)):
+        run = tmp_path / f"CartPole-v1__ppo__{seed}__1"
+        run.mkdir()
+        record = {"algo": "ppo", "env_id": "CartPole-v1", "seed": seed, "eval_every": 0,
+                  "eval_episodes": 10}  # fmt: skip
+        if drop:
+            del record["eval_every"], record["eval_episodes"]
+        (run / "config.json").write_text(json.dumps(record))
+        with SummaryWriter(str(run)) as writer:
+            for step in range(3):
+                writer.add_scalar("charts/episodic_return", step, step)
+    (group,) = group_runs(sorted(tmp_path.iterdir()), "charts/episodic_return", 1)
+    assert group.seeds == [1, 2]
