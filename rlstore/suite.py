@@ -295,9 +295,9 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         f"# Benchmark: {suite.name}",
         "",
         *([f"Made by `rlstore benchmark {suite.name}` with {made}.", ""] if made else []),
-        f"Score: per seed, the mean of the last {suite.window} training episode returns "
+        f"Score: per seed, the mean of the last {suite.window} training episode returns"
         + (
-            "(rows marked (eval): the mean return of the final evaluation, the final policy "
+            " (rows marked (eval): the mean return of the final evaluation, the final policy "
             "played deterministically as `rlstore eval` plays it, as RL Zoo's tables score)"
             if any(r["score"] == "evaluation" for r in rows)
             else ""

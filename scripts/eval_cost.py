@@ -24,9 +24,9 @@ from pathlib import Path
 
 # (algo, env, training steps, eval every) -- quick: a tenth of the budget
 CASES = [
-    ("ppo", "CartPole-v1", 200_000, 20_000),
-    ("dqn", "CartPole-v1", 100_000, 10_000),
-    ("sac", "Pendulum-v1", 8_000, 1_000),
+    ("ppo", "CartPole-v1", 100_000, 10_000),
+    ("dqn", "CartPole-v1", 50_000, 5_000),
+    ("sac", "Pendulum-v1", 7_000, 1_000),
 ]
 
 
