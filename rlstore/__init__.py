@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 # Idle OpenMP threads sleep instead of spinning, so that runs sharing the cores do not
@@ -17,6 +18,11 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+if "gymnasium" in sys.modules:  # rlstore's partially observable ids, for gym.make
+    from rlstore.partially_observable import register as _register
+
+    _register()
 
 _EXPORTS = {
     "RolloutStorage": "rlstore.storage.rollout",

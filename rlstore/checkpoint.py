@@ -239,6 +239,8 @@ SAVEABLE_ENVS = (
     "MountainCarEnv",
     "Continuous_MountainCarEnv",
     "PendulumEnv",
+    "CartPoleNoVelEnv",
+    "PendulumNoVelEnv",
 )
 _SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens", "env_fns"}
 

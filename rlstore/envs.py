@@ -29,6 +29,9 @@ from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
 from rlstore.errors import UsageError
 from rlstore.lean import LeanSyncVectorEnv
+from rlstore.partially_observable import register as register_partially_observable
+
+register_partially_observable()  # CartPoleNoVel-v1, PendulumNoVel-v1
 
 # Env families that need an optional dependency: (entry-point module prefix or id
 # prefix, what it needs, the rlstore extra that installs it).
