@@ -18,5 +18,8 @@ def both_storage_paths(request, monkeypatch):
 
     if request.param == "reference":
         init = RolloutStorage.__init__
-        monkeypatch.setattr(init, "__defaults__", (*init.__defaults__[:-1], False))
+        names = init.__code__.co_varnames[: init.__code__.co_argcount]
+        defaults = list(init.__defaults__)
+        defaults[names.index("fast") - (len(names) - len(defaults))] = False
+        monkeypatch.setattr(init, "__defaults__", tuple(defaults))
     return request.param

@@ -12,7 +12,14 @@ Episode boundaries (docs/reference/episode-boundaries.md) under Gymnasium's NEXT
   handed out by `minibatches` or `flatten`;
 - a lost life (Atari) cuts the bootstrap and the advantage chain as a termination does,
   but the game goes on: the next step is a real one. `life_lost` is stored apart from
-  `terminated`, which, with `truncated`, says that the env was reset.
+  `terminated`, which, with `truncated`, says that the env was reset;
+- `episode_starts[t]` says that obs[t] is an episode's first observation (the one the
+  pseudo-step returned, or the first after `reset`): a recurrent policy's state is zero
+  before it.
+
+A recurrent policy (`recurrent_state_shape`) also stores the state each step's action was
+taken from, and `sequences` hands out minibatches of whole sequences (time-major, with
+the state at each sequence's start), so that the policy replays its recurrence exactly.
 
 On a GPU the per-step writes are asynchronous copies, and the validity flags (which decide
 what `minibatches` hands out) live in host memory: neither `insert` nor `minibatches`
@@ -84,6 +91,24 @@ class RolloutBatch(NamedTuple):
     returns: torch.Tensor
 
 
+class RecurrentBatch(NamedTuple):
+    """A minibatch of sequences, time-major: (L, B, ...) for L steps of B sequences.
+
+    `initial_state` (B, *state) is the state the first step of each sequence was taken
+    from; before each later step t the state is zeroed where `episode_starts[t]`. `valid`
+    marks real transitions (pseudo-steps are False): losses average over those only."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    valid: torch.Tensor
+    episode_starts: torch.Tensor
+    initial_state: torch.Tensor
+
+
 class RolloutStorage:
     """Fixed-size on-policy storage for `num_steps` vector steps of `num_envs` envs.
 
@@ -111,6 +136,7 @@ class RolloutStorage:
         action_dtype: torch.dtype | np.dtype | type = torch.int64,
         device: torch.device | str = "cpu",
         fast: bool = True,
+        recurrent_state_shape: tuple[int, ...] | None = None,
     ) -> None:
         if num_steps < 1 or num_envs < 1:
             raise ValueError(f"num_steps and num_envs must be >= 1, got {num_steps}, {num_envs}")
@@ -137,7 +163,16 @@ class RolloutStorage:
         # step ended an episode (the next step is then a pseudo-step).
         self.valid = torch.zeros((T, N), dtype=torch.bool)
         self.prev_done = torch.zeros(N, dtype=torch.bool)
+        self.episode_starts = torch.ones((T + 1, N), dtype=torch.bool)  # host, as valid
         self._valid, self._prev_done = self.valid.numpy(), self.prev_done.numpy()
+        self._starts = self.episode_starts.numpy()
+        # A recurrent policy's state before each step (after zeroing at episode starts).
+        self.recurrent_state_shape = recurrent_state_shape
+        self.recurrent_states = (
+            None
+            if recurrent_state_shape is None
+            else torch.zeros((T, N, *recurrent_state_shape), device=dev)
+        )
         # In host memory, insert writes through numpy views (and compute_returns runs in
         # numpy): a numpy assignment costs a fraction of a torch copy_ call, and the step
         # loop makes seven of them. fast=False keeps the torch code everywhere.
@@ -170,6 +205,11 @@ class RolloutStorage:
         return self._views is not None
 
     @property
+    def current_episode_starts(self) -> np.ndarray:
+        """Whether current_obs begins an episode, per env (host flags)."""
+        return self._starts[self.step]
+
+    @property
     def has_lives(self) -> bool:
         """Whether a lost life was ever given to insert (Atari)."""
         return self._lives
@@ -179,6 +219,7 @@ class RolloutStorage:
         self.step = 0
         self.prev_done.zero_()
         self.valid.zero_()
+        self.episode_starts.fill_(True)
         self._returns_ready = False
         if obs is not None:
             copy_in(self.obs[0], checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
@@ -193,9 +234,12 @@ class RolloutStorage:
         terminated: Array,
         truncated: Array,
         life_lost: Array | None = None,
+        recurrent_state: Array | None = None,
     ) -> None:
         """Record one vector step taken at `current_obs`; `next_obs` is what the env returned.
-        `life_lost` (Atari): a life ended without the game ending."""
+        `life_lost` (Atari): a life ended without the game ending. `recurrent_state`: the
+        state the action was taken from (a storage made with recurrent_state_shape needs
+        it)."""
         t = self.step
         if t >= self.num_steps:
             raise IndexError(
@@ -203,6 +247,15 @@ class RolloutStorage:
                 "before inserting the next rollout"
             )
         N = self.num_envs
+        if (recurrent_state is None) != (self.recurrent_states is None):
+            raise ValueError(
+                "recurrent_state must be given exactly when the storage was made with "
+                "recurrent_state_shape"
+            )
+        if recurrent_state is not None:  # checked first: a bad one leaves nothing written
+            state = checked(recurrent_state, "recurrent_state", self.recurrent_states.shape[1:],
+                            torch.float32)  # fmt: skip
+            copy_in(self.recurrent_states[t], state)
         if self._views is not None:
             self._insert_on_host(
                 t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost
@@ -232,6 +285,7 @@ class RolloutStorage:
         elif self._lives:
             self.life_lost[t].zero_()
         np.logical_not(self._prev_done, out=self._valid[t])
+        self._starts[t + 1] = self._prev_done  # a pseudo-step returns a first observation
         np.logical_or(term, trunc, out=self._prev_done)
         self.step = t + 1
         self._returns_ready = False
@@ -262,6 +316,7 @@ class RolloutStorage:
         elif self._lives:
             views["life_lost"][t] = False
         np.logical_not(self._prev_done, out=self._valid[t])
+        self._starts[t + 1] = self._prev_done
         np.logical_or(term, trunc, out=self._prev_done)
         self.step = t + 1
         self._returns_ready = False
@@ -279,6 +334,8 @@ class RolloutStorage:
         """k vector steps at once, from current_obs on (each argument has a leading axis of
         k): the same as k calls of insert without life_lost, with one write per field."""
         t, k, N = self.step, len(terminated), self.num_envs
+        if self.recurrent_states is not None:
+            raise ValueError("insert_steps does not take recurrent states; use insert")
         if k == 0:
             return
         if t + k > self.num_steps:
@@ -309,6 +366,7 @@ class RolloutStorage:
         done = term | trunc
         np.logical_not(self._prev_done, out=self._valid[t])
         np.logical_not(done[:-1], out=self._valid[t + 1 : t + k])
+        np.logical_not(self._valid[t : t + k], out=self._starts[t + 1 : t + k + 1])
         self._prev_done[:] = done[-1]
         self.step = t + k
         self._returns_ready = False
@@ -396,9 +454,48 @@ class RolloutStorage:
         for index in order.tensor_split(num_minibatches):
             yield RolloutBatch(*(x[index] for x in flat))
 
+    def sequences(
+        self,
+        num_minibatches: int,
+        sequence_length: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[RecurrentBatch]:
+        """One epoch of a recurrent policy's minibatches: each env's rollout cut into
+        sequences of `sequence_length` steps (default: the whole rollout, CleanRL's way),
+        every sequence exactly once, in a fresh random order, `num_minibatches` groups of
+        them. Each sequence starts from the state stored at its first step. Pseudo-steps
+        are in the sequences (the recurrence steps through them), marked not `valid`."""
+        if self.recurrent_states is None:
+            raise RuntimeError("sequences() needs a storage made with recurrent_state_shape")
+        if not self._returns_ready:
+            raise RuntimeError("call compute_returns() before sequences()")
+        T, N = self.num_steps, self.num_envs
+        L = T if sequence_length is None else sequence_length
+        if L < 1 or T % L:
+            raise ValueError(f"sequence_length must divide num_steps ({T}), got {L}")
+        count = N * (T // L)  # sequences, numbered (chunk, env)
+        if num_minibatches < 1 or num_minibatches > count:
+            raise ValueError(f"num_minibatches must lie in [1, {count}], got {num_minibatches}")
+
+        def chunked(x: torch.Tensor) -> torch.Tensor:  # (T, N, ...) -> (L, count, ...)
+            return x[:T].reshape(T // L, L, N, *x.shape[2:]).transpose(0, 1).reshape(
+                L, count, *x.shape[2:]
+            )  # fmt: skip
+
+        fields = [chunked(x) for x in (self.obs, self.actions, self.log_probs, self.values,
+                                       self.advantages, self.returns)]  # fmt: skip
+        flags = [to_device(chunked(x), self.device) for x in (self.valid, self.episode_starts)]
+        starts = self.recurrent_states[::L].reshape(count, *self.recurrent_state_shape)
+        order = to_device(torch.randperm(count, generator=generator), self.device)
+        for index in order.tensor_split(num_minibatches):
+            yield RecurrentBatch(
+                *(x[:, index] for x in fields), *(x[:, index] for x in flags), starts[index]
+            )
+
     def after_update(self) -> None:
         """Start the next rollout from the last observation; episodes in progress carry on."""
         self.obs[0].copy_(self.obs[self.step])
+        self._starts[0] = self._starts[self.step]
         self.step = 0
         self._returns_ready = False
 
@@ -417,17 +514,23 @@ class RolloutStorage:
         "advantages",
         "returns",
         "prev_done",
+        "episode_starts",
     )
 
+    def _tensors(self) -> tuple[str, ...]:
+        return self._TENSORS + (("recurrent_states",) if self.recurrent_states is not None else ())
+
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {name: getattr(self, name).clone() for name in self._TENSORS}
+        state: dict[str, Any] = {name: getattr(self, name).clone() for name in self._tensors()}
         state["step"] = self.step
         state["returns_ready"] = self._returns_ready
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = {"life_lost": torch.zeros_like(self.life_lost), **state}  # saved before lives
-        load_tensors(self, self._TENSORS, state)
+        # saved before lives; before episode starts (read by recurrent policies only)
+        state = {"life_lost": torch.zeros_like(self.life_lost),
+                 "episode_starts": torch.ones_like(self.episode_starts), **state}  # fmt: skip
+        load_tensors(self, self._tensors(), state)
         self._lives = bool(self.life_lost.any())
         self.step = int(state["step"])
         self._returns_ready = bool(state["returns_ready"])
