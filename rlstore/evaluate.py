@@ -29,6 +29,10 @@ class Policy:
     critics' Q1 and Q2 at an action (SAC, TD3; the policy's own action when none is given).
     Observations are given as the env returns them: a policy trained with normalized
     observations normalizes them with its saved statistics, which stay frozen here.
+
+    A recurrent policy (ppo_lstm) is stateful: each call carries its LSTM state to the
+    next, one row per observation of the batch; `reset()` starts new episodes (zero
+    state), as does a call with another batch size.
     """
 
     def __init__(self, network: torch.nn.Module, info: dict[str, Any], record: dict[str, Any]):
@@ -40,6 +44,20 @@ class Policy:
         self.obs_shape = tuple(info["obs_shape"])
         saved = record.get("obs_normalizer")
         self.obs_normalizer = ObsNormalizer.from_state_dict(saved) if saved else None
+        self.state: torch.Tensor | None = None  # a recurrent policy's, per batch row
+
+    @property
+    def recurrent(self) -> bool:
+        return hasattr(self.network, "initial_state")
+
+    def reset(self) -> None:
+        """Forget the recurrent state: the next call starts episodes."""
+        self.state = None
+
+    def _recurrent_state(self, batch: int) -> torch.Tensor:
+        if self.state is None or self.state.shape[0] != batch:
+            self.state = self.network.initial_state(batch, self.device)
+        return self.state
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +85,9 @@ class Policy:
         if self.greedy or self.action_critic:
             raise TypeError(f"a {self.algo} policy has Q-values, not a value: use q_values()")
         x, single = self._batch(obs)
+        if self.recurrent:  # V at the current state, which it does not advance
+            value = self.network.value(x, self._recurrent_state(len(x))).cpu().numpy()
+            return value[0] if single else value
         value = self.network.value(x).cpu().numpy()
         return value[0] if single else value
 
@@ -92,6 +113,12 @@ class Policy:
         x, single = self._batch(obs)
         if self.greedy:
             action = self.network.q_values(x).argmax(-1)
+        elif self.recurrent:
+            state = self._recurrent_state(len(x))
+            if deterministic:
+                action, self.state = self.network.deterministic_action(x, state)
+            else:
+                action, _, _, self.state = self.network.act(x, state)
         elif deterministic:
             action = self.network.deterministic_action(x)
         else:
@@ -203,6 +230,7 @@ def play_episodes(
     torch.manual_seed(seed)
     first = 0
     if video_env is not None:
+        policy.reset()  # a recurrent policy's state: each episode from zero
         obs, _ = video_env.reset(seed=seed)
         frames.append(video_env.render())
         done = False
@@ -214,6 +242,7 @@ def play_episodes(
         first = 1
     n = envs.num_envs
     for start in range(first, episodes, n):
+        policy.reset()
         obs, _ = envs.reset(seed=seed + start)  # sub-env i: seed + start + i
         playing = np.arange(n) < episodes - start  # sub-env i plays episode start + i
         while playing.any():

@@ -153,6 +153,126 @@ class ActorCritic(nn.Module):
         return out if self.continuous else out.argmax(-1)
 
 
+class RecurrentActorCritic(nn.Module):
+    """An LSTM actor-critic for partially observable tasks, laid out as sb3-contrib's
+    MlpLstmPolicy (RecurrentPPO's default, with which RL Zoo's ppo_lstm scores were made):
+    an LSTM for the actor and another for the critic, each followed by a Tanh MLP head
+    (64-64, orthogonal init as ActorCritic's). Separate cores keep the value loss from
+    shaping the actor's memory, as in the feed-forward ActorCritic.
+
+    The recurrent state of a batch of envs is one tensor (batch, 4, H): h and c of the
+    actor's LSTM, then of the critic's. The caller zeroes it where an episode starts
+    (RolloutStorage.current_episode_starts); `evaluate_sequences` does so inside a
+    sequence. Each step runs the LSTM cell on its own, at collection and at replay alike,
+    so that a replay recomputes the collected log-probs and values exactly.
+    """
+
+    SPEC_NAME = "recurrent_actor_critic"
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        continuous: bool = False,
+        lstm_hidden: int = 256,
+        hidden: tuple[int, ...] = (64, 64),
+    ) -> None:
+        super().__init__()
+        self.action_dim, self.continuous, self.lstm_hidden = action_dim, continuous, lstm_hidden
+        self.actor_lstm = nn.LSTMCell(obs_dim, lstm_hidden)
+        self.critic_lstm = nn.LSTMCell(obs_dim, lstm_hidden)
+        self.actor = mlp(lstm_hidden, hidden, action_dim, out_std=0.01)
+        self.critic = mlp(lstm_hidden, hidden, 1, out_std=1.0)
+        if continuous:
+            self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+        self.act_on_host = None  # no numpy twin (yet): acting runs in torch
+
+    def spec_args(self) -> dict:
+        return {"action_dim": self.action_dim, "continuous": self.continuous,
+                "lstm_hidden": self.lstm_hidden}  # fmt: skip
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> RecurrentActorCritic:
+        obs_dim = int(np.prod(spec["obs_shape"]))
+        return cls(obs_dim, spec["action_dim"], spec["continuous"], spec["lstm_hidden"])
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """The recurrent state of one env: (4, lstm_hidden)."""
+        return (4, self.lstm_hidden)
+
+    def initial_state(self, batch: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros((batch, *self.state_shape), device=device)
+
+    def _step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One step of both cores: (actor features, critic features, next state)."""
+        x = obs.reshape(obs.shape[0], -1).float()
+        h_a, c_a = self.actor_lstm(x, (state[:, 0], state[:, 1]))
+        h_c, c_c = self.critic_lstm(x, (state[:, 2], state[:, 3]))
+        return h_a, h_c, torch.stack((h_a, c_a, h_c, c_c), dim=1)
+
+    def _head(self, features: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.actor(features)
+        if self.continuous:
+            logstd = self.actor_logstd.expand_as(out)
+            z = (action - out) / logstd.exp()
+            log_prob = (-0.5 * z.square() - logstd - LOG_SQRT_2PI).sum(-1)
+            entropy = (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
+        else:
+            log_probs = out.log_softmax(-1)
+            log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return log_prob, entropy
+
+    def act(
+        self, obs: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions from `state` (zeroed at episode starts by the caller); returns
+        (action, log_prob, value, next state)."""
+        actor_features, critic_features, state = self._step(obs, state)
+        out = self.actor(actor_features)
+        if self.continuous:
+            action, log_prob = sample_gaussian(out, self.actor_logstd)
+        else:
+            action, log_prob = sample_categorical(out)
+        return action, log_prob, self.critic(critic_features).squeeze(-1), state
+
+    def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """V(obs) from `state`, shape (batch,)."""
+        return self.critic(self._step(obs, state)[1]).squeeze(-1)
+
+    def deterministic_action(
+        self, obs: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's mode (argmax logits, or the Gaussian mean), and the next state."""
+        actor_features, _, state = self._step(obs, state)
+        out = self.actor(actor_features)
+        return (out if self.continuous else out.argmax(-1)), state
+
+    def evaluate_sequences(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        initial_state: torch.Tensor,
+        episode_starts: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_prob, entropy, value), each (L, B), of `actions` along sequences of L steps
+        of B envs (time-major) from `initial_state`, the state zeroed before each step t > 0
+        where `episode_starts[t]`: the recurrence as collection ran it."""
+        state, actor_features, critic_features = initial_state, [], []
+        for t in range(obs.shape[0]):
+            if t > 0:
+                state = state * (~episode_starts[t]).to(state.dtype)[:, None, None]
+            h_a, h_c, state = self._step(obs[t], state)
+            actor_features.append(h_a)
+            critic_features.append(h_c)
+        L, B = obs.shape[:2]
+        features = torch.cat(actor_features)
+        log_prob, entropy = self._head(features, actions.reshape(L * B, *actions.shape[2:]))
+        value = self.critic(torch.cat(critic_features)).squeeze(-1)
+        return log_prob.view(L, B), entropy.view(L, B), value.view(L, B)
+
+
 def actor_critic_for(obs_space, action_space, fast: bool = True) -> nn.Module:  # gym spaces
     """An ActorCritic (CnnActorCritic for frame stacks) shaped for a single env's
     observation and action spaces."""

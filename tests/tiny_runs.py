@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from rlstore.algos import a2c, dqn, ppo, sac, td3
+from rlstore.algos import a2c, dqn, ppo, ppo_lstm, sac, td3
 from rlstore.algos.a2c import A2CConfig
 from rlstore.algos.dqn import DQNConfig
 from rlstore.algos.ppo import PPOConfig
@@ -27,6 +27,10 @@ OFF_POLICY = dict(env_id="Pendulum-v1", total_timesteps=1200, learning_starts=30
                   **COMMON)  # fmt: skip
 SETUPS["sac"] = (sac, SACConfig(**OFF_POLICY))
 SETUPS["td3"] = (td3, TD3Config(**OFF_POLICY))
+# recurrent PPO on a partially observable CartPole, small LSTMs, sequences of 16 steps
+SETUPS["ppo_lstm"] = (ppo_lstm, ppo_lstm.PPOLSTMConfig(
+    env_id="CartPoleNoVel-v1", total_timesteps=6 * 128, num_steps=32, sequence_length=16,
+    lstm_hidden_size=16, checkpoint_every=256, **COMMON))  # fmt: skip
 
 
 def params(model):

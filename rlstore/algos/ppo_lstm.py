@@ -1,0 +1,223 @@
+"""Recurrent PPO: PPO with an LSTM actor-critic, for partially observable tasks.
+
+PPO's loss (rlstore/algos/ppo.py) on sequences: the RolloutStorage keeps the state each
+step acted from and hands out minibatches of whole sequences (`sequences`), which the
+policy replays from their first state, zeroing it where an episode starts. Reads top to
+bottom: the config, the recurrent state as a part of the run, collect, update, train(),
+the registry entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from rlstore.algos import Algorithm
+from rlstore.algos._on_policy import explained_variance
+from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.algos.ppo import PPOConfig, ppo_loss
+from rlstore.config import Count
+from rlstore.envs import make_training_envs
+from rlstore.errors import UsageError
+from rlstore.networks import RecurrentActorCritic, policy_spec
+from rlstore.normalize import ObsNormalizer, RewardScaler
+from rlstore.run import Callback, Run, TrainingState, TrainResult
+from rlstore.storage import RolloutBatch, RolloutStorage
+
+
+@dataclass
+class PPOLSTMConfig(PPOConfig):
+    """PPO with an LSTM actor-critic (sb3-contrib's RecurrentPPO layout); the other
+    defaults are PPO's."""
+
+    lstm_hidden_size: Count = 256
+    """Units of each LSTM (the actor's and the critic's; sb3-contrib's default)."""
+    sequence_length: Count | None = None
+    """Steps per training sequence; it must divide num_steps (default: the whole rollout
+    of each env, CleanRL's way). Shorter sequences give more, smaller minibatches, each
+    starting from the state stored at its first step."""
+
+    def check(self) -> None:
+        super(PPOConfig, self).check()  # PPO's minibatches split steps; these split sequences
+        length = self.sequence_length or self.num_steps
+        if self.num_steps % length:
+            raise UsageError(
+                f"--sequence-length {length} does not divide --num-steps {self.num_steps}"
+            )
+        sequences = self.num_envs * (self.num_steps // length)
+        if self.num_minibatches > sequences:
+            raise UsageError(
+                f"--num-minibatches {self.num_minibatches} is more than the {sequences} "
+                "sequences of a rollout (num_envs x num_steps / sequence_length); lower it"
+            )
+
+
+class RecurrentState:
+    """The LSTM state the next action is taken from, one row per env: a part of the run's
+    TrainingState, so that checkpoints keep it and a resumed run acts as the
+    uninterrupted one."""
+
+    def __init__(self, initial: torch.Tensor) -> None:
+        self.state = initial
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.state.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.copy_(state["state"])
+
+
+def zero_at_starts(state: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+    """`state` with the rows of envs whose observation begins an episode zeroed."""
+    keep = torch.from_numpy(~starts).to(state.device, state.dtype)
+    return state * keep[:, None, None]
+
+
+def collect(
+    agent: RecurrentActorCritic, storage: RolloutStorage, state: TrainingState, run: Run
+) -> None:
+    """Fill the storage with one rollout, carrying the LSTM state from step to step."""
+    envs, obs_norm = state.envs, state.obs_normalizer
+    reward_scale, memory = state.parts.get("reward_scaler"), state.parts["recurrent_state"]
+    space = envs.single_action_space
+    for _ in range(storage.num_steps):
+        acting = zero_at_starts(memory.state, storage.current_episode_starts)
+        with torch.inference_mode():
+            action, log_prob, value, memory.state = agent.act(storage.current_obs, acting)
+        env_action = action.cpu().numpy()  # the env boundary
+        if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
+            env_action = np.clip(env_action, space.low, space.high)
+        next_obs, reward, terminated, truncated, _ = envs.step(env_action)
+        stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
+        stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
+        storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
+                       recurrent_state=acting)  # fmt: skip
+        run.record_step(reward, terminated, truncated)
+
+
+def compute_returns(
+    agent: RecurrentActorCritic, storage: RolloutStorage, memory: RecurrentState, cfg: PPOConfig
+) -> None:
+    """Advantages and returns, bootstrapped from V(the last observation) at its state."""
+    with torch.inference_mode():
+        acting = zero_at_starts(memory.state, storage.current_episode_starts)
+        next_value = agent.value(storage.current_obs, acting)
+    storage.compute_returns(next_value, cfg.gamma, cfg.gae_lambda, cfg.use_gae)
+
+
+def valid_batch(batch: Any, log_prob: torch.Tensor, entropy: torch.Tensor, value: torch.Tensor):
+    """The real transitions of a sequence minibatch (pseudo-steps left out), flat, as PPO's
+    loss takes them: (RolloutBatch, log_prob, entropy, value)."""
+    valid = batch.valid
+    fields = (batch.obs, batch.actions, batch.log_probs, batch.values, batch.advantages,
+              batch.returns)  # fmt: skip
+    flat = RolloutBatch(*(x[valid] for x in fields))
+    return flat, log_prob[valid], entropy[valid], value[valid]
+
+
+def update(
+    agent: RecurrentActorCritic,
+    optimizer: torch.optim.Optimizer,
+    storage: RolloutStorage,
+    cfg: PPOLSTMConfig,
+) -> dict[str, torch.Tensor]:
+    """Epochs of minibatch gradient steps on sequences; returns the last minibatch's losses."""
+    last = cfg.num_minibatches - 1
+    for _epoch in range(cfg.update_epochs):
+        for i, batch in enumerate(storage.sequences(cfg.num_minibatches, cfg.sequence_length)):
+            out = agent.evaluate_sequences(
+                batch.obs, batch.actions, batch.initial_state, batch.episode_starts
+            )
+            flat, log_prob, entropy, value = valid_batch(batch, *out)
+            losses = ppo_loss(log_prob, value, entropy, flat, cfg, diagnostics=i == last)
+            optimizer.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
+            optimizer.step()
+        if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
+            break
+    return losses
+
+
+def build(cfg: PPOLSTMConfig, device: torch.device):
+    """Envs, the LSTM actor-critic, its rollout storage and the run's TrainingState."""
+    envs = make_training_envs(cfg, ALGORITHM)
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    continuous = isinstance(action_space, spaces.Box)
+    action_dim = action_space.shape[0] if continuous else int(action_space.n)
+    agent = RecurrentActorCritic(
+        int(np.prod(obs_space.shape)), action_dim, continuous, cfg.lstm_hidden_size
+    ).to(device)
+    obs_norm = ObsNormalizer(obs_space.shape, cfg.clip_obs) if cfg.norm_obs else None
+    reward_scale = (
+        RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
+    )
+    storage = RolloutStorage(
+        cfg.num_steps, cfg.num_envs, obs_space.shape, action_space.shape,
+        obs_dtype=np.float32, action_dtype=np.float32 if continuous else np.int64,
+        device=device, fast=cfg.use_fast_paths, recurrent_state_shape=agent.state_shape,
+    )  # fmt: skip
+
+    def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
+        storage.reset(obs_norm(obs, update=True) if obs_norm else obs)
+
+    obs, _ = envs.reset(seed=cfg.seed)
+    start(obs)
+    memory = RecurrentState(agent.initial_state(cfg.num_envs, device))
+    parts = {"storage": storage, "recurrent_state": memory}
+    parts |= {"reward_scaler": reward_scale} if reward_scale else {}
+    state = TrainingState(envs, agent, policy_spec(agent, obs_space, action_space),
+                          on_fresh_envs=start, obs_normalizer=obs_norm, **parts)  # fmt: skip
+    return agent, storage, memory, state
+
+
+def train(
+    cfg: PPOLSTMConfig,
+    preset: Path | None = None,
+    resume: Path | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> TrainResult:
+    """Train recurrent PPO as configured, or continue the run in `resume`; `callbacks` see
+    the run as it goes (rlstore.run.Callback)."""
+    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
+    agent, storage, memory, state = build(cfg, run.device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    state.parts["optimizer"] = optimizer
+
+    with run.start(state):
+        for iteration in run.iterations():
+            lr = cfg.learning_rate
+            if cfg.anneal_lr:
+                lr = linear_schedule(cfg.learning_rate, 0.0, cfg.num_iterations, iteration)
+                optimizer.param_groups[0]["lr"] = lr
+            collect(agent, storage, state, run)
+            compute_returns(agent, storage, memory, cfg)
+            losses = update(agent, optimizer, storage, cfg)
+            if run.log_due():
+                data = storage.flatten()
+                losses.pop("loss")
+                losses["losses/explained_variance"] = explained_variance(
+                    data["values"], data["returns"]
+                )
+                losses["charts/learning_rate"] = lr
+                run.log_scalars(losses)
+            storage.after_update()
+        return run.finish()
+
+
+ALGORITHM = Algorithm(
+    name="ppo_lstm",
+    summary="Recurrent PPO: an LSTM actor-critic trained on whole sequences",
+    config=PPOLSTMConfig,
+    train=train,
+    action_spaces=(spaces.Discrete, spaces.Box),
+    networks=(RecurrentActorCritic,),
+    defaults="rlstore's PPO defaults, sb3-contrib RecurrentPPO's LSTM layout",
+)
