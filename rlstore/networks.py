@@ -163,8 +163,8 @@ class RecurrentActorCritic(nn.Module):
     The recurrent state of a batch of envs is one tensor (batch, 4, H): h and c of the
     actor's LSTM, then of the critic's. The caller zeroes it where an episode starts
     (RolloutStorage.current_episode_starts); `evaluate_sequences` does so inside a
-    sequence. Each step runs the LSTM cell on its own, at collection and at replay alike,
-    so that a replay recomputes the collected log-probs and values exactly.
+    sequence, running each LSTM over the spans between episode starts in one call (several
+    times faster than a step at a time, and equal to it up to float rounding).
     """
 
     SPEC_NAME = "recurrent_actor_critic"
@@ -179,8 +179,8 @@ class RecurrentActorCritic(nn.Module):
     ) -> None:
         super().__init__()
         self.action_dim, self.continuous, self.lstm_hidden = action_dim, continuous, lstm_hidden
-        self.actor_lstm = nn.LSTMCell(obs_dim, lstm_hidden)
-        self.critic_lstm = nn.LSTMCell(obs_dim, lstm_hidden)
+        self.actor_lstm = nn.LSTM(obs_dim, lstm_hidden)
+        self.critic_lstm = nn.LSTM(obs_dim, lstm_hidden)
         self.actor = mlp(lstm_hidden, hidden, action_dim, out_std=0.01)
         self.critic = mlp(lstm_hidden, hidden, 1, out_std=1.0)
         if continuous:
@@ -204,12 +204,18 @@ class RecurrentActorCritic(nn.Module):
     def initial_state(self, batch: int, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.zeros((batch, *self.state_shape), device=device)
 
+    def _cores(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Both LSTMs over x (L, B, obs_dim) from `state`: (actor features (L, B, H),
+        critic features, the state after the last step)."""
+        h_a, c_a, h_c, c_c = (state[:, k][None].contiguous() for k in range(4))
+        actor_out, (h_a, c_a) = self.actor_lstm(x, (h_a, c_a))
+        critic_out, (h_c, c_c) = self.critic_lstm(x, (h_c, c_c))
+        return actor_out, critic_out, torch.stack((h_a[0], c_a[0], h_c[0], c_c[0]), dim=1)
+
     def _step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One step of both cores: (actor features, critic features, next state)."""
-        x = obs.reshape(obs.shape[0], -1).float()
-        h_a, c_a = self.actor_lstm(x, (state[:, 0], state[:, 1]))
-        h_c, c_c = self.critic_lstm(x, (state[:, 2], state[:, 3]))
-        return h_a, h_c, torch.stack((h_a, c_a, h_c, c_c), dim=1)
+        actor_out, critic_out, state = self._cores(obs.reshape(1, obs.shape[0], -1).float(), state)
+        return actor_out[0], critic_out[0], state
 
     def _head(self, features: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = self.actor(features)
@@ -259,14 +265,16 @@ class RecurrentActorCritic(nn.Module):
         """(log_prob, entropy, value), each (L, B), of `actions` along sequences of L steps
         of B envs (time-major) from `initial_state`, the state zeroed before each step t > 0
         where `episode_starts[t]`: the recurrence as collection ran it."""
-        state, actor_features, critic_features = initial_state, [], []
-        for t in range(obs.shape[0]):
-            if t > 0:
-                state = state * (~episode_starts[t]).to(state.dtype)[:, None, None]
-            h_a, h_c, state = self._step(obs[t], state)
-            actor_features.append(h_a)
-            critic_features.append(h_c)
         L, B = obs.shape[:2]
+        x = obs.reshape(L, B, -1).float()
+        cuts = [t for t in range(1, L) if episode_starts[t].any()]  # where a state is zeroed
+        state, actor_features, critic_features = initial_state, [], []
+        for start, end in zip([0, *cuts], [*cuts, L], strict=True):
+            if start > 0:
+                state = state * (~episode_starts[start]).to(state.dtype)[:, None, None]
+            actor_out, critic_out, state = self._cores(x[start:end], state)
+            actor_features.append(actor_out.reshape(-1, self.lstm_hidden))
+            critic_features.append(critic_out.reshape(-1, self.lstm_hidden))
         features = torch.cat(actor_features)
         log_prob, entropy = self._head(features, actions.reshape(L * B, *actions.shape[2:]))
         value = self.critic(torch.cat(critic_features)).squeeze(-1)
