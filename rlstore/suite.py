@@ -9,7 +9,8 @@ runs and resumes the interrupted ones. The score of a run is the mean of its las
 the mean return of its final evaluation (the final policy, deterministic, over
 `eval_episodes` episodes), as RL Zoo's tables score; a row's is the mean +- std over its
 seeds. The exit status is 1 when a row falls below its band. With rliable installed
-(rlstore[rliable]), the rows' scores are also aggregated across envs (aggregate.md).
+(rlstore[rliable]), the rows' scores are also aggregated across envs (rlstore/aggregate.py: a
+section of results.md, aggregate.json, aggregate.png).
 """
 
 from __future__ import annotations
