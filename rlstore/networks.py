@@ -39,6 +39,21 @@ def sample_gaussian(mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Te
     return action, (-0.5 * noise.square() - log_std - LOG_SQRT_2PI).sum(-1)
 
 
+def log_prob_and_entropy(
+    out: torch.Tensor, action: torch.Tensor, log_std: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log-prob of `action` and entropy under the actor's output `out`: a Gaussian of mean
+    `out` and state-independent `log_std` (continuous), or a Categorical of logits `out`."""
+    if log_std is not None:
+        logstd = log_std.expand_as(out)
+        z = (action - out) / logstd.exp()
+        log_prob = (-0.5 * z.square() - logstd - LOG_SQRT_2PI).sum(-1)
+        return log_prob, (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
+    log_probs = out.log_softmax(-1)
+    log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+    return log_prob, -(log_probs.exp() * log_probs).sum(-1)
+
+
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
     """Orthogonal weights with gain `std` and a constant bias (the PPO implementation detail)."""
     nn.init.orthogonal_(layer.weight, std)
@@ -136,15 +151,8 @@ class ActorCritic(nn.Module):
         """(log_prob of `action`, entropy, value) under the current parameters."""
         x = self._features(obs)
         out = self.actor_path(x)
-        if self.continuous:
-            logstd = self.actor_logstd.expand_as(out)
-            z = (action - out) / logstd.exp()
-            log_prob = (-0.5 * z.square() - logstd - LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
-        else:
-            log_probs = out.log_softmax(-1)
-            log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        log_std = self.actor_logstd if self.continuous else None
+        log_prob, entropy = log_prob_and_entropy(out, action, log_std)
         return log_prob, entropy, self.critic_path(x).squeeze(-1)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
@@ -217,19 +225,6 @@ class RecurrentActorCritic(nn.Module):
         actor_out, critic_out, state = self._cores(obs.reshape(1, obs.shape[0], -1).float(), state)
         return actor_out[0], critic_out[0], state
 
-    def _head(self, features: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.actor(features)
-        if self.continuous:
-            logstd = self.actor_logstd.expand_as(out)
-            z = (action - out) / logstd.exp()
-            log_prob = (-0.5 * z.square() - logstd - LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
-        else:
-            log_probs = out.log_softmax(-1)
-            log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return log_prob, entropy
-
     def act(
         self, obs: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -276,7 +271,9 @@ class RecurrentActorCritic(nn.Module):
             actor_features.append(actor_out.reshape(-1, self.lstm_hidden))
             critic_features.append(critic_out.reshape(-1, self.lstm_hidden))
         features = torch.cat(actor_features)
-        log_prob, entropy = self._head(features, actions.reshape(L * B, *actions.shape[2:]))
+        log_std = self.actor_logstd if self.continuous else None
+        flat_actions = actions.reshape(L * B, *actions.shape[2:])
+        log_prob, entropy = log_prob_and_entropy(self.actor(features), flat_actions, log_std)
         value = self.critic(torch.cat(critic_features)).squeeze(-1)
         return log_prob.view(L, B), entropy.view(L, B), value.view(L, B)
 

@@ -23,42 +23,43 @@ KEPT_CARTPOLE = [0, 2]  # x, theta (x_dot and theta_dot left out)
 KEPT_PENDULUM = [0, 1]  # cos(theta), sin(theta) (theta_dot left out)
 
 
-class CartPoleNoVelEnv(CartPoleEnv):
+class _KeptObservation:
+    """Mixed in before a classic env class: its observations keep the entries KEPT."""
+
+    KEPT: list[int]
+
+    def _keep_only(self) -> None:
+        full = self.observation_space
+        self.observation_space = spaces.Box(full.low[self.KEPT], full.high[self.KEPT],
+                                            dtype=np.float32)  # fmt: skip
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict]:
+        obs, info = super().reset(**kwargs)
+        return obs[self.KEPT], info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs[self.KEPT], reward, terminated, truncated, info
+
+
+class CartPoleNoVelEnv(_KeptObservation, CartPoleEnv):
     """CartPole whose observation is (cart position, pole angle)."""
+
+    KEPT = KEPT_CARTPOLE
 
     def __init__(self, render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
-        full = self.observation_space
-        self.observation_space = spaces.Box(
-            full.low[KEPT_CARTPOLE], full.high[KEPT_CARTPOLE], dtype=np.float32
-        )
-
-    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict]:
-        obs, info = super().reset(**kwargs)
-        return obs[KEPT_CARTPOLE], info
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        obs, reward, terminated, truncated, info = super().step(action)
-        return obs[KEPT_CARTPOLE], reward, terminated, truncated, info
+        self._keep_only()
 
 
-class PendulumNoVelEnv(PendulumEnv):
+class PendulumNoVelEnv(_KeptObservation, PendulumEnv):
     """Pendulum whose observation is (cos, sin) of the angle."""
+
+    KEPT = KEPT_PENDULUM
 
     def __init__(self, render_mode: str | None = None, g: float = 10.0) -> None:
         super().__init__(render_mode=render_mode, g=g)
-        full = self.observation_space
-        self.observation_space = spaces.Box(
-            full.low[KEPT_PENDULUM], full.high[KEPT_PENDULUM], dtype=np.float32
-        )
-
-    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict]:
-        obs, info = super().reset(**kwargs)
-        return obs[KEPT_PENDULUM], info
-
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
-        obs, reward, terminated, truncated, info = super().step(action)
-        return obs[KEPT_PENDULUM], reward, terminated, truncated, info
+        self._keep_only()
 
 
 ENVS = {

@@ -106,6 +106,18 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         step()
 
 
+def log_update(run: Run, storage: RolloutStorage, losses: dict, lr: float) -> None:
+    """Log an update's losses (less the loss itself), the explained variance of the
+    rollout's values and the learning rate, when the run's logging is due."""
+    if not run.log_due():
+        return
+    data = storage.flatten()
+    losses = {k: v for k, v in losses.items() if k != "loss"}
+    losses["losses/explained_variance"] = explained_variance(data["values"], data["returns"])
+    losses["charts/learning_rate"] = lr
+    run.log_scalars(losses)
+
+
 def compute_returns(agent: ActorCritic, storage: RolloutStorage, cfg: OnPolicyConfig) -> None:
     """Advantages and returns of the rollout, bootstrapped from V(the last observation)."""
     host_obs, act_on_host = storage.current_obs_on_host, agent.act_on_host

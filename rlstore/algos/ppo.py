@@ -20,7 +20,7 @@ from rlstore.algos._on_policy import (
     build_actor_critic,
     collect_rollout,
     compute_returns,
-    explained_variance,
+    log_update,
 )
 from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.config import Count, OnPolicyConfig, Positive
@@ -162,14 +162,7 @@ def train(
             losses = ppo_update(agent, optimizer, storage, cfg)
 
             # -- log -----------------------------------------------------------------------
-            if run.log_due():
-                data = storage.flatten()
-                losses.pop("loss")
-                losses["losses/explained_variance"] = explained_variance(
-                    data["values"], data["returns"]
-                )
-                losses["charts/learning_rate"] = lr
-                run.log_scalars(losses)
+            log_update(run, storage, losses, lr)
             storage.after_update()
         return run.finish()
 

@@ -20,7 +20,7 @@ from gymnasium import spaces
 from torch import nn
 
 from rlstore.algos import Algorithm
-from rlstore.algos._on_policy import explained_variance
+from rlstore.algos._on_policy import log_update
 from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.algos.ppo import PPOConfig, ppo_loss
 from rlstore.config import Count
@@ -200,14 +200,7 @@ def train(
             collect(agent, storage, state, run)
             compute_returns(agent, storage, memory, cfg)
             losses = update(agent, optimizer, storage, cfg)
-            if run.log_due():
-                data = storage.flatten()
-                losses.pop("loss")
-                losses["losses/explained_variance"] = explained_variance(
-                    data["values"], data["returns"]
-                )
-                losses["charts/learning_rate"] = lr
-                run.log_scalars(losses)
+            log_update(run, storage, losses, lr)
             storage.after_update()
         return run.finish()
 
