@@ -35,6 +35,12 @@ the vector env step plus the CNN forward of 8 observations.
 normalization), SB3's PPO at the same settings with VecNormalize (its value clipping at
 0.2, as rlstore's); the floor is one env step plus the policy forward.
 
+--algos ppo_lstm (on CartPoleNoVel-v1, its default env): recurrent PPO at its preset
+(configs/ppo_lstm/CartPoleNoVel-v1.toml: 8 envs x 32 steps, one minibatch, 20 epochs, an
+LSTM of 256 for the actor and one for the critic, 64-64 tanh heads, lr and clip annealed,
+observation and reward normalization) against sb3-contrib's RecurrentPPO with
+MlpLstmPolicy at the same settings and VecNormalize, from --lstm-steps steps. No floor.
+
 --algos sac td3 --env HalfCheetah-v4: SAC and TD3 at CleanRL's defaults (batch 256,
 256-256 networks, buffer 1M, tau 0.005, gamma 0.99, policy delay 2; SAC's entropy
 coefficient tuned; TD3's exploration noise 0.1, target noise 0.2 clipped at 0.5), SB3's SAC
@@ -171,6 +177,17 @@ def child_sb3(
             model = TD3("MlpPolicy", envs, learning_rate=3e-4, action_noise=noise,
                         policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
                         **common)  # fmt: skip
+    elif algo == "ppo_lstm":  # rlstore's preset for CartPoleNoVel-v1, in sb3-contrib
+        from sb3_contrib import RecurrentPPO
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        import rlstore.partially_observable  # noqa: F401  registers CartPoleNoVel-v1
+
+        envs = VecNormalize(make_vec_env(env, n_envs=8, seed=seed), gamma=0.98)
+        model = RecurrentPPO("MlpLstmPolicy", envs, n_steps=32, batch_size=256, n_epochs=20,
+                             gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
+                             learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
+                             seed=seed, device=device)  # fmt: skip
     elif is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
         import ale_py
         import gymnasium
@@ -515,11 +532,12 @@ def main() -> None:
         "--algos",
         nargs="+",
         default=["ppo", "a2c", "dqn"],
-        choices=["ppo", "a2c", "dqn", "sac", "td3"],
+        choices=["ppo", "a2c", "dqn", "sac", "td3", "ppo_lstm"],
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
+    parser.add_argument("--lstm-steps", type=int, default=10_000, help="ppo_lstm")
     parser.add_argument("--offpolicy-steps", type=int, default=6_000, help="SAC and TD3")
     parser.add_argument(
         "--offpolicy-starts", type=int, default=1_000, help="SAC and TD3's learning_starts"
@@ -560,13 +578,18 @@ def main() -> None:
     from rlstore.config import resolve
 
     offpolicy = [a for a in args.algos if a in OFF_POLICY]
+    if "ppo_lstm" in args.algos:
+        if args.algos != ["ppo_lstm"]:
+            parser.error("--algos ppo_lstm goes alone")
+        if args.env == "CartPole-v1":  # the fully observed env needs no memory
+            args.env = "CartPoleNoVel-v1"
     if offpolicy and (offpolicy != args.algos or args.env == "CartPole-v1"):
         parser.error("--algos sac td3 go alone, with a continuous-action --env")
     if args.ppo_envs and args.env != "CartPole-v1" and not is_atari_id(args.env):
         parser.error("--ppo-envs applies to CartPole-v1 and Atari ids")
     default_envs = 4 if args.env == "CartPole-v1" else resolve("ppo", args.env)[0].num_envs
-    if offpolicy:
-        default_envs = 1
+    if offpolicy or args.algos == ["ppo_lstm"]:
+        default_envs = 1  # unused: these runs take their envs from their settings
     asked_envs = args.ppo_envs
     args.ppo_envs = asked_envs or default_envs
     if args.parallel:
@@ -579,8 +602,8 @@ def main() -> None:
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
     runs = []
     for algo in args.algos:
-        steps = {"dqn": args.dqn_steps, "sac": args.offpolicy_steps,
-                 "td3": args.offpolicy_steps}.get(algo, args.ppo_steps)  # fmt: skip
+        steps = {"dqn": args.dqn_steps, "sac": args.offpolicy_steps, "td3": args.offpolicy_steps,
+                 "ppo_lstm": args.lstm_steps}.get(algo, args.ppo_steps)  # fmt: skip
         for seed in args.seeds:
             for trainer in trainers:  # alternate, so machine noise hits both
                 spec = dict(
@@ -610,7 +633,9 @@ def main() -> None:
     if offpolicy:
         offpolicy_main(args, runs, trainers)
         return
-    floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs, env=args.env)
+    lstm = args.algos == ["ppo_lstm"]  # no floor for it
+    if not lstm:
+        floor = launch(kind="floor", device_name=args.device, num_envs=args.ppo_envs, env=args.env)
 
     lines = [
         f"# Benchmark: rlstore on {args.env}"
@@ -620,6 +645,7 @@ def main() -> None:
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
         f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "
         f"{args.dqn_steps}"
+        + (f" --lstm-steps {args.lstm_steps}" if lstm else "")
         + (
             " --rlstore-config " + " ".join(f"{a}={f}" for a, f in configs.items())
             if configs
@@ -628,7 +654,7 @@ def main() -> None:
         + (" --no-sb3" if args.no_sb3 else "")
         + (f" --device {args.device}" if args.device != "cpu" else "")
         + (f" --ppo-envs {asked_envs}" if asked_envs else "")
-        + (f" --env {args.env}" if args.env != "CartPole-v1" else "")
+        + (f" --env {args.env}" if args.env not in ("CartPole-v1", "CartPoleNoVel-v1") else "")
         + (" --default-threads" if args.default_threads else "")
         + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
         + (
@@ -675,17 +701,18 @@ def main() -> None:
             f"to 475: {fmt(t_ours, '.1f')} s vs {fmt(t_theirs, '.1f')} s "
             f"(ratio {fmt(time_ratio, '.2f')})"
         )
-    lines += [
-        "",
-        f"Floor of the PPO batch shape ({floor['num_envs']} {args.env} envs in {floor['env']}, "
-        "policy on "
-        f"{args.device}): env step "
-        f"{floor['env_step_us']:.0f} us + policy forward {floor['forward_us']:.0f} us (the "
-        f"cheaper of a torch and a numpy forward: {floor.get('forward_kind', 'torch')}); "
-        "rlstore's "
-        f"collect loop {floor['collect_step_us']:.0f} us per vector step = "
-        f"{floor['collect_fraction_of_floor']:.0%} of the floor's throughput.",
-    ]
+    if lstm:
+        floor = None
+    else:
+        lines += [
+            "",
+            f"Floor of the PPO batch shape ({floor['num_envs']} {args.env} envs in "
+            f"{floor['env']}, policy on {args.device}): env step {floor['env_step_us']:.0f} us "
+            f"+ policy forward {floor['forward_us']:.0f} us (the cheaper of a torch and a numpy "
+            f"forward: {floor.get('forward_kind', 'torch')}); rlstore's collect loop "
+            f"{floor['collect_step_us']:.0f} us per vector step = "
+            f"{floor['collect_fraction_of_floor']:.0%} of the floor's throughput.",
+        ]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     out = Path(args.out)

@@ -35,6 +35,30 @@ def test_anneal_lr_sets_the_optimizers_rate(algo, anneal_lr, tmp_path):
     assert K > 2 and lr == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("algo, module, name", [("ppo", "ppo", "ppo_update"),
+                                                ("ppo_lstm", "ppo_lstm", "update")])  # fmt: skip
+@pytest.mark.parametrize("anneal_clip", [True, False])
+def test_anneal_clip_decays_the_clipping_coefficient(algo, module, name, anneal_clip,
+                                                     monkeypatch, tmp_path):  # fmt: skip
+    """Iteration k's update clips at clip_coef * (1 - k / K) with annealing (K iterations),
+    at clip_coef without."""
+    import importlib
+
+    owner = importlib.import_module(f"rlstore.algos.{module}")
+    original, seen = getattr(owner, name), []
+
+    def watched(agent, optimizer, storage, cfg):
+        seen.append(cfg.clip_coef)
+        return original(agent, optimizer, storage, cfg)
+
+    monkeypatch.setattr(owner, name, watched)
+    cfg, _ = tiny(algo, tmp_path, total_timesteps=512, anneal_clip=anneal_clip, clip_coef=0.3,
+                  num_envs=2, num_steps=64, num_minibatches=2)  # fmt: skip
+    K = cfg.num_iterations
+    expected = [0.3 * (1 - k / K) if anneal_clip else 0.3 for k in range(K)]
+    assert K == 4 and seen == pytest.approx(expected)
+
+
 @pytest.mark.slow
 def test_per_beta_anneals_from_per_beta_to_one(monkeypatch, tmp_path):
     """Prioritized replay samples with beta going linearly from per_beta at the start to 1

@@ -8,7 +8,7 @@ registry entry (ALGORITHM).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,6 +41,10 @@ class PPOConfig(OnPolicyConfig):
     """Epochs over each rollout."""
     clip_coef: Positive = 0.2
     """Surrogate clipping coefficient."""
+    anneal_clip: bool = False
+    """Decay the clipping coefficient (the policy's and, with clip_vloss, the value's)
+    linearly to 0 over the run, as the learning rate with anneal_lr (SB3's clip_range
+    schedule; RL Zoo's lin_0.2)."""
     clip_vloss: bool = True
     """Clip the value loss around the old value estimates."""
     adam_eps: Positive = 1e-5
@@ -101,6 +105,16 @@ def ppo_loss(
     return losses
 
 
+def iteration_config(cfg: PPOConfig, iteration: int) -> PPOConfig:
+    """The config an iteration's update uses: `cfg`, with the clipping coefficient of this
+    iteration when it is annealed."""
+    if not cfg.anneal_clip:
+        return cfg
+    return replace(
+        cfg, clip_coef=linear_schedule(cfg.clip_coef, 0.0, cfg.num_iterations, iteration)
+    )
+
+
 def ppo_update(
     agent: ActorCritic, optimizer: torch.optim.Optimizer, storage: RolloutStorage, cfg: PPOConfig
 ) -> dict[str, torch.Tensor]:
@@ -159,7 +173,7 @@ def train(
             compute_returns(agent, storage, cfg)
 
             # -- update: epochs of minibatches ------------------------------------------
-            losses = ppo_update(agent, optimizer, storage, cfg)
+            losses = ppo_update(agent, optimizer, storage, iteration_config(cfg, iteration))
 
             # -- log -----------------------------------------------------------------------
             log_update(run, storage, losses, lr)

@@ -22,7 +22,7 @@ from torch import nn
 from rlstore.algos import Algorithm
 from rlstore.algos._on_policy import log_update
 from rlstore.algos._shared import linear_schedule, optimizer_params
-from rlstore.algos.ppo import PPOConfig, ppo_loss
+from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
 from rlstore.config import Count
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
@@ -188,7 +188,10 @@ def train(
     the run as it goes (rlstore.run.Callback)."""
     run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
     agent, storage, memory, state = build(cfg, run.device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    # fused: one kernel for all parameters instead of a Python loop over them
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True
+    )
     state.parts["optimizer"] = optimizer
 
     with run.start(state):
@@ -199,7 +202,7 @@ def train(
                 optimizer.param_groups[0]["lr"] = lr
             collect(agent, storage, state, run)
             compute_returns(agent, storage, memory, cfg)
-            losses = update(agent, optimizer, storage, cfg)
+            losses = update(agent, optimizer, storage, iteration_config(cfg, iteration))
             log_update(run, storage, losses, lr)
             storage.after_update()
         return run.finish()
