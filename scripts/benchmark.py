@@ -643,9 +643,12 @@ def main() -> None:
         else f"# Benchmark: rlstore vs stable-baselines3 on {args.env}",
         "",
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --seeds "
-        f"{' '.join(map(str, args.seeds))} --ppo-steps {args.ppo_steps} --dqn-steps "
-        f"{args.dqn_steps}"
-        + (f" --lstm-steps {args.lstm_steps}" if lstm else "")
+        f"{' '.join(map(str, args.seeds))} "
+        + (
+            f"--lstm-steps {args.lstm_steps}"
+            if lstm
+            else f"--ppo-steps {args.ppo_steps} --dqn-steps {args.dqn_steps}"
+        )
         + (
             " --rlstore-config " + " ".join(f"{a}={f}" for a, f in configs.items())
             if configs
