@@ -51,6 +51,8 @@ _EXPORTS = {
     "TD3Config": "rlstore.algos.td3",
     "train_sac": ("rlstore.algos.sac", "train"),
     "train_td3": ("rlstore.algos.td3", "train"),
+    "PPOLSTMConfig": "rlstore.algos.ppo_lstm",
+    "train_ppo_lstm": ("rlstore.algos.ppo_lstm", "train"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -32,7 +32,7 @@ class Policy:
 
     A recurrent policy (ppo_lstm) is stateful: each call carries its LSTM state to the
     next, one row per observation of the batch; `reset()` starts new episodes (zero
-    state), as does a call with another batch size.
+    state), as does a call with another batch size; `reset(rows)` those of some rows.
     """
 
     def __init__(self, network: torch.nn.Module, info: dict[str, Any], record: dict[str, Any]):
@@ -50,9 +50,14 @@ class Policy:
     def recurrent(self) -> bool:
         return hasattr(self.network, "initial_state")
 
-    def reset(self) -> None:
-        """Forget the recurrent state: the next call starts episodes."""
-        self.state = None
+    def reset(self, rows: np.ndarray | None = None) -> None:
+        """Forget the recurrent state: of every row (the next call starts episodes), or
+        of the rows where `rows` is true (their next observations start episodes)."""
+        if rows is None or self.state is None:
+            self.state = None
+            return
+        keep = torch.as_tensor(~np.asarray(rows, dtype=bool), device=self.device)
+        self.state = self.state * keep[:, None, None].to(self.state.dtype)
 
     def _recurrent_state(self, batch: int) -> torch.Tensor:
         if self.state is None or self.state.shape[0] != batch:

@@ -14,6 +14,9 @@
 # 4. SAC and TD3 on HalfCheetah-v4 at CleanRL's defaults with --device cuda, rlstore and SB3
 #    side by side (needs rlstore[mujoco]); with --long, the mujoco-offpolicy suite's 1M-step
 #    rows too (hours, resumable).
+# 5. Recurrent PPO at the Atari LSTM defaults (configs/ppo_lstm/atari.toml) on Breakout with
+#    --device cuda, 100k steps (steps/s in the run's summary.json, RESULTS/gpu-ppo-lstm-atari/);
+#    with --long, the atari-10m suite's ppo_lstm rows (CleanRL's ppo_atari_lstm scores).
 # Each stage has its own time limit, cut to what is left of GPU_CHECK_DEADLINE_S (900) seconds
 # from the start; a stage with under 30 s left is skipped, and a failed stage does not stop
 # the next ones, so the script ends by its deadline without being killed from outside (a
@@ -110,6 +113,8 @@ stage cartpole-defaults-cpu 60 python scripts/benchmark.py --algos ppo dqn --dev
 stage offpolicy-halfcheetah 150 python scripts/benchmark.py --algos sac td3 \
     --env HalfCheetah-v4 --device cuda --default-threads --seeds 1 --offpolicy-steps 6000 \
     --offpolicy-starts 1000 --out "$results/benchmark-gpu-offpolicy"
+stage lstm-atari 120 python -m rlstore train ppo_lstm --env BreakoutNoFrameskip-v4 \
+    --device cuda --total-timesteps 102400 --no-progress --logdir "$results/gpu-ppo-lstm-atari"
 if [ $long = 1 ]; then  # the published comparisons: hours, resumable (run it again to go on)
     python -m rlstore benchmark atari-10m --workers 3 --out "$results/learning-atari-10m"
     python -m rlstore benchmark mujoco-offpolicy --workers 6 --out "$results/learning-mujoco-offpolicy"

@@ -4,6 +4,7 @@ terminations, truncations and rollout boundaries."""
 
 import pytest
 import torch
+from extras import needs
 
 from rlstore.algos import ppo_lstm
 from rlstore.algos.ppo_lstm import PPOLSTMConfig
@@ -11,16 +12,10 @@ from rlstore.algos.ppo_lstm import PPOLSTMConfig
 MAX_DEVIATION = []  # (algo setting, largest |ratio - 1|, |value - stored|, minibatches)
 
 
-@pytest.mark.parametrize("sequence_length", [None, 8])
-@pytest.mark.parametrize("env_id", ["CartPoleNoVel-v1", "PendulumNoVel-v1"])
-def test_replayed_sequences_give_the_collected_log_probs_and_values(
-    env_id, sequence_length, tmp_path, monkeypatch
-):
-    cfg = PPOLSTMConfig(
-        env_id=env_id, total_timesteps=4 * 3 * 32, num_envs=4, num_steps=32, num_minibatches=2,
-        update_epochs=2, sequence_length=sequence_length, lstm_hidden_size=16,
-        max_episode_steps=13, logdir=str(tmp_path), progress=False, device="cpu",
-    )  # fmt: skip
+def replay_deviation(cfg, monkeypatch, preset=None) -> dict:
+    """Train `cfg`, recomputing each update's minibatch sequences before its first gradient
+    step: the largest |ratio - 1| and |value - stored value| over the valid steps, the
+    minibatches checked, and the episode starts and pseudo-steps inside them."""
     seen = {"minibatches": 0, "ratio": 0.0, "value": 0.0, "starts": 0, "pseudo": 0}
     real_update = ppo_lstm.update
 
@@ -41,16 +36,77 @@ def test_replayed_sequences_give_the_collected_log_probs_and_values(
         return real_update(agent, optimizer, storage, cfg)
 
     monkeypatch.setattr(ppo_lstm, "update", checked_update)
-    ppo_lstm.train(cfg)
+    ppo_lstm.train(cfg, preset)
+    return seen
+
+
+@pytest.mark.parametrize("sequence_length", [None, 8])
+@pytest.mark.parametrize("env_id", ["CartPoleNoVel-v1", "PendulumNoVel-v1"])
+def test_replayed_sequences_give_the_collected_log_probs_and_values(
+    env_id, sequence_length, tmp_path, monkeypatch
+):
+    cfg = PPOLSTMConfig(
+        env_id=env_id, total_timesteps=4 * 3 * 32, num_envs=4, num_steps=32, num_minibatches=2,
+        update_epochs=2, sequence_length=sequence_length, lstm_hidden_size=16,
+        max_episode_steps=13, logdir=str(tmp_path), progress=False, device="cpu",
+    )  # fmt: skip
+    seen = replay_deviation(cfg, monkeypatch)
     MAX_DEVIATION.append((env_id, sequence_length, seen))
     assert seen["minibatches"] == 3 * 2
     assert seen["starts"] > 0 and seen["pseudo"] > 0  # episodes began inside sequences
     assert seen["ratio"] < 1e-5 and seen["value"] < 1e-4, seen
 
 
+@needs("atari", "ale_py")
+def test_the_atari_lstm_replays_its_sequences_too(tmp_path, monkeypatch):
+    """The Nature CNN + shared LSTM (configs/ppo_lstm/atari.toml, smaller) on Breakout with
+    13-step episodes: the same oracle; model.pt rebuilds the CNN LSTM."""
+    import rlstore
+    from rlstore.config import resolve
+    from rlstore.networks import CnnRecurrentActorCritic
+
+    cfg, preset = resolve("ppo_lstm", "ALE/Breakout-v5", dict(
+        total_timesteps=3 * 2 * 32, num_envs=2, num_steps=32, num_minibatches=2,
+        update_epochs=1, lstm_hidden_size=16, max_episode_steps=13, logdir=str(tmp_path),
+        progress=False, device="cpu", checkpoint_every=0))  # fmt: skip
+    assert cfg.sign_rewards and cfg.clip_coef == 0.1  # the Atari preset
+    seen = replay_deviation(cfg, monkeypatch, preset)
+    assert seen["minibatches"] == 3 * 2 and seen["starts"] > 0 and seen["pseudo"] > 0
+    assert seen["ratio"] < 1e-5 and seen["value"] < 1e-4, seen
+    policy = rlstore.load_policy(next(tmp_path.glob("*/model.pt")))
+    assert isinstance(policy.network, CnnRecurrentActorCritic)
+
+
+def test_the_cnn_lstm_replays_a_sequence_as_it_was_stepped():
+    """CnnRecurrentActorCritic: evaluate_sequences over frames with episode starts inside
+    gives the log-probs and values of stepping one frame at a time, the state zeroed at
+    each start (a naive loop)."""
+    from rlstore.networks import CnnRecurrentActorCritic
+
+    torch.manual_seed(0)
+    net = CnnRecurrentActorCritic((4, 84, 84), action_dim=4, lstm_hidden=16)
+    L, B = 7, 3
+    obs = torch.randint(0, 256, (L, B, 4, 84, 84), dtype=torch.uint8)
+    actions = torch.randint(0, 4, (L, B))
+    starts = torch.zeros(L, B, dtype=torch.bool)
+    starts[2, 0] = starts[5, 1] = starts[5, 2] = True
+    state0 = torch.randn(B, 2, 16)
+    with torch.no_grad():
+        log_prob, _, value = net.evaluate_sequences(obs, actions, state0, starts)
+        state = state0
+        for t in range(L):
+            state = state * (~starts[t]).float()[:, None, None] if t > 0 else state
+            logits = net.actor(net._step(obs[t], state)[0])
+            expected = logits.log_softmax(-1).gather(-1, actions[t][:, None])[:, 0]
+            assert torch.allclose(log_prob[t], expected, atol=1e-5)
+            assert torch.allclose(value[t], net.value(obs[t], state), atol=1e-5)
+            state = net._step(obs[t], state)[2]
+
+
 def test_a_loaded_policy_carries_its_state_and_rlstore_eval_plays_it(tmp_path):
     """load_policy gives a stateful policy: its actions over a sequence of observations
-    are the network's when its state is carried, reset() starts again; rlstore eval runs."""
+    are the network's when its state is carried, reset(rows) zeroes those rows' state,
+    reset() starts again; rlstore eval runs."""
     import numpy as np
     from tiny_runs import SETUPS, replace
 
@@ -69,6 +125,13 @@ def test_a_loaded_policy_carries_its_state_and_rlstore_eval_plays_it(tmp_path):
         for obs, action in zip(observations, carried, strict=True):
             expected, state = result.model.deterministic_action(torch.from_numpy(obs), state)
             assert np.array_equal(action, expected.numpy())
+    policy.reset(np.array([False, True, False]))  # row 1 begins an episode, 0 and 2 go on
+    with torch.no_grad():
+        obs = torch.from_numpy(observations[0])
+        zeroed = state * torch.tensor([1.0, 0.0, 1.0])[:, None, None]
+        expected = result.model.value(obs, zeroed).numpy()
+        assert not np.allclose(expected, result.model.value(obs, state).numpy())
+    assert np.array_equal(policy.value(observations[0]), expected)
     policy.reset()
     assert np.array_equal(policy(observations[0]), carried[0])
     assert main(["eval", str(result.run_dir), "--episodes", "3"]) == 0

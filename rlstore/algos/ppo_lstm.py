@@ -26,7 +26,13 @@ from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
 from rlstore.config import Count
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
-from rlstore.networks import RecurrentActorCritic, policy_spec
+from rlstore.networks import (
+    CnnRecurrentActorCritic,
+    RecurrentActorCritic,
+    RecurrentActorCriticBase,
+    policy_spec,
+    recurrent_actor_critic_for,
+)
 from rlstore.normalize import ObsNormalizer, RewardScaler
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
@@ -81,12 +87,15 @@ def zero_at_starts(state: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
 
 
 def collect(
-    agent: RecurrentActorCritic, storage: RolloutStorage, state: TrainingState, run: Run
+    agent: RecurrentActorCriticBase, storage: RolloutStorage, state: TrainingState, run: Run
 ) -> None:
-    """Fill the storage with one rollout, carrying the LSTM state from step to step."""
+    """Fill the storage with one rollout, carrying the LSTM state from step to step.
+    Atari: rewards are learnt by their sign (cfg.sign_rewards) and a lost life cuts the
+    bootstrap; the state carries on through it, as the game does."""
     envs, obs_norm = state.envs, state.obs_normalizer
     reward_scale, memory = state.parts.get("reward_scaler"), state.parts["recurrent_state"]
-    space = envs.single_action_space
+    space, sign_rewards = envs.single_action_space, run.cfg.sign_rewards
+    lives = envs if hasattr(envs, "life_lost") else None  # Atari
     for _ in range(storage.num_steps):
         acting = zero_at_starts(memory.state, storage.current_episode_starts)
         with torch.inference_mode():
@@ -97,13 +106,16 @@ def collect(
         next_obs, reward, terminated, truncated, _ = envs.step(env_action)
         stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
+        if sign_rewards:
+            stored_reward = np.sign(stored_reward)
+        life_lost = None if lives is None else lives.life_lost
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
-                       recurrent_state=acting)  # fmt: skip
+                       life_lost, recurrent_state=acting)  # fmt: skip
         run.record_step(reward, terminated, truncated)
 
 
 def compute_returns(
-    agent: RecurrentActorCritic, storage: RolloutStorage, memory: RecurrentState, cfg: PPOConfig
+    agent: RecurrentActorCriticBase, storage: RolloutStorage, memory: RecurrentState, cfg: PPOConfig
 ) -> None:
     """Advantages and returns, bootstrapped from V(the last observation) at its state."""
     with torch.inference_mode():
@@ -123,7 +135,7 @@ def valid_batch(batch: Any, log_prob: torch.Tensor, entropy: torch.Tensor, value
 
 
 def update(
-    agent: RecurrentActorCritic,
+    agent: RecurrentActorCriticBase,
     optimizer: torch.optim.Optimizer,
     storage: RolloutStorage,
     cfg: PPOLSTMConfig,
@@ -150,18 +162,15 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     """Envs, the LSTM actor-critic, its rollout storage and the run's TrainingState."""
     envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    continuous = isinstance(action_space, spaces.Box)
-    action_dim = action_space.shape[0] if continuous else int(action_space.n)
-    agent = RecurrentActorCritic(
-        int(np.prod(obs_space.shape)), action_dim, continuous, cfg.lstm_hidden_size
-    ).to(device)
+    agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size).to(device)
     obs_norm = ObsNormalizer(obs_space.shape, cfg.clip_obs) if cfg.norm_obs else None
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
     storage = RolloutStorage(
         cfg.num_steps, cfg.num_envs, obs_space.shape, action_space.shape,
-        obs_dtype=np.float32, action_dtype=np.float32 if continuous else np.int64,
+        obs_dtype=np.float32 if obs_norm else obs_space.dtype,
+        action_dtype=np.float32 if agent.continuous else np.int64,
         device=device, fast=cfg.use_fast_paths, recurrent_state_shape=agent.state_shape,
     )  # fmt: skip
 
@@ -214,6 +223,6 @@ ALGORITHM = Algorithm(
     config=PPOLSTMConfig,
     train=train,
     action_spaces=(spaces.Discrete, spaces.Box),
-    networks=(RecurrentActorCritic,),
+    networks=(RecurrentActorCritic, CnnRecurrentActorCritic),
     defaults="rlstore's PPO defaults, sb3-contrib RecurrentPPO's LSTM layout",
 )
