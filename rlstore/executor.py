@@ -370,6 +370,8 @@ def main(argv: list[str]) -> int:
         return 2
     except TrainingInterrupted as e:
         return e.exit_code
+    except KeyboardInterrupt:  # a Ctrl-C before the run's own handler: it was stopped
+        return 130
     return 0
 
 

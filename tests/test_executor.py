@@ -82,3 +82,19 @@ def test_a_signal_with_runs_still_waiting_stops_the_executor(monkeypatch, tmp_pa
     stopped = executor.LocalExecutor(workers=1).run(specs, lambda s, status: done.append(status))
     assert stopped == signal.SIGINT
     assert len(started) == 1 and signalled == [signal.SIGINT] and done == [130]
+
+
+def test_a_child_stopped_before_its_run_began_exits_as_interrupted(monkeypatch, tmp_path):
+    """A Ctrl-C that reaches a run's child while it still imports (before the run's own
+    handler) is an interruption, exit 130, not a failure with a traceback."""
+    import dataclasses
+    import json
+
+    import rlstore.executor as executor
+
+    def still_importing(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executor.RunSpec, "complete", still_importing)
+    spec = executor.RunSpec("ppo", "CartPole-v1", 1, "ppo", str(tmp_path))
+    assert executor.main([json.dumps(dataclasses.asdict(spec))]) == 130
