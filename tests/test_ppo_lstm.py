@@ -135,3 +135,19 @@ def test_a_loaded_policy_carries_its_state_and_rlstore_eval_plays_it(tmp_path):
     policy.reset()
     assert np.array_equal(policy(observations[0]), carried[0])
     assert main(["eval", str(result.run_dir), "--episodes", "3"]) == 0
+
+
+@needs("video", "moviepy", "pygame")
+def test_eval_with_video_plays_the_same_episodes(tmp_path):
+    """rlstore eval --video plays episode 0 alone on a rendering env, the others side by
+    side: the recurrent state of each gives the returns of a plain eval, episode by episode."""
+    from tiny_runs import SETUPS, replace
+
+    from rlstore.evaluate import evaluate
+
+    _, cfg = SETUPS["ppo_lstm"]
+    result = ppo_lstm.train(replace(cfg, logdir=str(tmp_path), total_timesteps=512))
+    plain = evaluate(result.run_dir, episodes=3)
+    filmed = evaluate(result.run_dir, episodes=3, video=True)
+    assert filmed["returns"] == plain["returns"] and filmed["lengths"] == plain["lengths"]
+    assert len(list((result.run_dir / "videos").glob("*.mp4"))) == 1
