@@ -181,8 +181,9 @@ def child_sb3(
         from sb3_contrib import RecurrentPPO
         from stable_baselines3.common.vec_env import VecNormalize
 
-        import rlstore.partially_observable  # noqa: F401  registers CartPoleNoVel-v1
+        from rlstore.partially_observable import register
 
+        register()  # CartPoleNoVel-v1 and PendulumNoVel-v1, for gymnasium.make
         envs = VecNormalize(make_vec_env(env, n_envs=8, seed=seed), gamma=0.98)
         model = RecurrentPPO("MlpLstmPolicy", envs, n_steps=32, batch_size=256, n_epochs=20,
                              gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
