@@ -14,6 +14,10 @@ from extras import needs
 
 from rlstore.cli import main
 
+# Ray: one machine-wide runtime per test at a time (a head one test starts must not meet
+# another test's local Ray), so these tests share one pytest-xdist worker (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("ray")
+
 SPEC = """
 algo = "ppo"
 env = "CartPole-v1"
@@ -71,7 +75,7 @@ def test_local_sweep_exports_a_best_config_that_reproduces_and_continues(tmp_pat
             assert len(runs) == 2 and len(t["seed_scores"]) == 2
     check_best_reproduces(out, tmp_path)
     csv = str(tmp_path / "c.csv")
-    assert main(["plot", str(out / "trials"), "--out", "None", "--csv", csv]) == 0
+    assert main(["plot", str(out / "trials"), "--no-png", "--csv", csv]) == 0
 
     best = (out / "best.toml").read_text()
     again = sweep(spec, out, "--workers", "2")  # continues: the sweep is already complete
