@@ -241,8 +241,8 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
         ) from None
     if ray.is_initialized():
         return ray
-    if address is None:  # "local": a Ray of its own, not a cluster `ray start` left running
-        ray.init("local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    if address is None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         return ray
     try:  # ray.init itself would retry for a minute or more
         socket.create_connection((host, int(port)), timeout=5).close()

@@ -98,20 +98,3 @@ def test_a_child_stopped_before_its_run_began_exits_as_interrupted(monkeypatch, 
     monkeypatch.setattr(executor.RunSpec, "complete", still_importing)
     spec = executor.RunSpec("ppo", "CartPole-v1", 1, "ppo", str(tmp_path))
     assert executor.main([json.dumps(dataclasses.asdict(spec))]) == 130
-
-
-def test_a_local_ray_is_its_own_not_a_cluster_left_running(monkeypatch):
-    """Without --address, Ray starts a runtime of its own ("local"): a bare ray.init()
-    would join the cluster that `ray start` last left on the machine, and fail there."""
-    import sys
-    import types
-
-    from rlstore.executor import connect_ray
-
-    calls = []
-    fake = types.SimpleNamespace(is_initialized=lambda: False,
-                                 init=lambda *a, **k: calls.append((a, k)))  # fmt: skip
-    monkeypatch.setitem(sys.modules, "ray", fake)
-    assert connect_ray(None, num_cpus=2) is fake
-    ((args, kwargs),) = calls
-    assert (args or (kwargs.get("address"),)) == ("local",) and kwargs["num_cpus"] == 2
