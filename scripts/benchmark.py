@@ -177,18 +177,8 @@ def child_sb3(
             model = TD3("MlpPolicy", envs, learning_rate=3e-4, action_noise=noise,
                         policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
                         **common)  # fmt: skip
-    elif algo == "ppo_lstm":  # rlstore's preset for CartPoleNoVel-v1, in sb3-contrib
-        from sb3_contrib import RecurrentPPO
-        from stable_baselines3.common.vec_env import VecNormalize
-
-        from rlstore.partially_observable import register
-
-        register()  # CartPoleNoVel-v1 and PendulumNoVel-v1, for gymnasium.make
-        envs = VecNormalize(make_vec_env(env, n_envs=8, seed=seed), gamma=0.98)
-        model = RecurrentPPO("MlpLstmPolicy", envs, n_steps=32, batch_size=256, n_epochs=20,
-                             gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
-                             learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
-                             seed=seed, device=device)  # fmt: skip
+    elif algo == "ppo_lstm":
+        model = sb3_recurrent_ppo(env, seed, device)
     elif is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
         import ale_py
         import gymnasium
@@ -252,6 +242,23 @@ def child_sb3(
     seconds = time.time() - start
     reach = first_reach(watch.returns, watch.times)
     return {"sps": steps / seconds, "to_475_s": None if reach is None else reach - launch}
+
+
+def sb3_recurrent_ppo(env: str, seed: int, device: str = "auto"):
+    """sb3-contrib's RecurrentPPO at rlstore's ppo_lstm CartPoleNoVel-v1 preset (RL Zoo's
+    tuned values, VecNormalize): the comparator here and in scripts/recurrent_reference.py."""
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from rlstore.partially_observable import register
+
+    register()  # CartPoleNoVel-v1 and PendulumNoVel-v1, for gymnasium.make
+    envs = VecNormalize(make_vec_env(env, n_envs=8, seed=seed), gamma=0.98)
+    return RecurrentPPO("MlpLstmPolicy", envs, n_steps=32, batch_size=256, n_epochs=20,
+                        gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
+                        learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
+                        seed=seed, device=device)  # fmt: skip
 
 
 def is_atari_id(env: str) -> bool:

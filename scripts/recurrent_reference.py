@@ -20,14 +20,9 @@ def child(seed: int, steps: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from sb3_contrib import RecurrentPPO
+    from benchmark import sb3_recurrent_ppo  # this script's directory
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
 
-    from rlstore.partially_observable import register
-
-    register()
     returns: list[float] = []
 
     class Watch(BaseCallback):
@@ -35,11 +30,7 @@ def child(seed: int, steps: int) -> dict:
             returns.extend(i["episode"]["r"] for i in self.locals["infos"] if "episode" in i)
             return True
 
-    envs = VecNormalize(make_vec_env("CartPoleNoVel-v1", n_envs=8, seed=seed), gamma=0.98)
-    model = RecurrentPPO("MlpLstmPolicy", envs, n_steps=32, batch_size=256, n_epochs=20,
-                         gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
-                         learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
-                         seed=seed)  # fmt: skip
+    model = sb3_recurrent_ppo("CartPoleNoVel-v1", seed)
     model.learn(steps, callback=Watch())
     return {"seed": seed, "steps": steps, "last_100_mean": statistics.fmean(returns[-100:])}
 

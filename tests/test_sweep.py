@@ -14,10 +14,6 @@ from extras import needs
 
 from rlstore.cli import main
 
-# Ray: one machine-wide runtime per test at a time (a head one test starts must not meet
-# another test's local Ray), so these tests share one pytest-xdist worker (--dist loadgroup)
-pytestmark = pytest.mark.xdist_group("ray")
-
 SPEC = """
 algo = "ppo"
 env = "CartPole-v1"
