@@ -44,10 +44,11 @@ from rlstore.text import plural
 SUITE_KEYS = ("name", "description", "seeds", "window", "score", "row")
 ROW_KEYS = (
     "name", "algo", "env", "steps", "seeds", "overrides", "threshold", "need", "band", "source",
-    "score", "normalize",
+    "score", "normalize", "reach_window",
 )  # fmt: skip
 SCORES = ("training", "evaluation")
 REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
+# (a row's reach_window sets another count, e.g. 100 for "the mean of the last 100 reaches")
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Row:
     source: str | None = None
     score: str = "training"  # or "evaluation": the final evaluation's mean return
     normalize: tuple[float, float] | None = None  # scores mapped to [0, 1] for aggregates
+    reach_window: int = REACH_WINDOW  # returns averaged for "steps to threshold"
 
     def specs(self, out: Path) -> list[RunSpec]:
         overrides = {**self.overrides, "total_timesteps": self.steps}
@@ -149,6 +151,11 @@ def load_suite(path: Path) -> Suite:
             and all(_number(b) for b in normalize) and normalize[0] < normalize[1]
         ):  # fmt: skip
             raise UsageError(f"{at}: normalize must be [min, max] scores, min < max")
+        reach_window = raw.get("reach_window", REACH_WINDOW)
+        if not (type(reach_window) is int and reach_window >= 1) or (
+            "reach_window" in raw and "threshold" not in raw
+        ):
+            raise UsageError(f"{at}: reach_window is a number of returns >= 1, with a threshold")
         rows.append(
             Row(
                 name=str(raw.get("name", raw["algo"])),
@@ -163,6 +170,7 @@ def load_suite(path: Path) -> Suite:
                 source=raw.get("source"),
                 score=_score(raw.get("score", suite_score), at),
                 normalize=tuple(normalize) if normalize else None,
+                reach_window=reach_window,
             )
         )
     if not rows:
@@ -216,16 +224,21 @@ def preflight(rows: list[Row]) -> None:
 
 
 def run_result(
-    summary: dict, window: int, threshold: float | None, score: str = "training"
+    summary: dict,
+    window: int,
+    threshold: float | None,
+    score: str = "training",
+    reach_window: int = REACH_WINDOW,
 ) -> dict:
-    """One run's numbers from its summary.json; its score by the row's `score`."""
+    """One run's numbers from its summary.json; its score by the row's `score`, and the
+    first env step where the mean of `reach_window` consecutive returns met `threshold`."""
     returns = summary["episodes"]["returns"]
     steps = summary["episodes"]["steps"]
     reached = None
-    if threshold is not None and len(returns) >= REACH_WINDOW:
-        means = np.convolve(returns, np.ones(REACH_WINDOW) / REACH_WINDOW, mode="valid")
+    if threshold is not None and len(returns) >= reach_window:
+        means = np.convolve(returns, np.ones(reach_window) / reach_window, mode="valid")
         hits = np.flatnonzero(means >= threshold)
-        reached = int(steps[hits[0] + REACH_WINDOW - 1]) if len(hits) else None
+        reached = int(steps[hits[0] + reach_window - 1]) if len(hits) else None
     if score == "evaluation":
         evaluations = summary.get("evaluations") or [{"mean_return": float("nan")}]
         value = evaluations[-1]["mean_return"]
@@ -266,6 +279,7 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "reached": len(reached),
         "too_few_reached": bool(row.need is not None and len(reached) < row.need),
         "steps_to_threshold": float(np.median(reached)) if reached else None,
+        "reach_window": row.reach_window,
         "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs])),
         "steps_per_second": float(np.mean([r["steps_per_second"] for r in runs])),
         "runs": runs,
@@ -306,7 +320,8 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         + "; per row, the mean +- std (population) over seeds. Steps to threshold (on "
         "training returns): the median over "
         f"the seeds that got there of the first env step where the mean of the last "
-        f"{REACH_WINDOW} returns met it. Wall time and steps/s: per run, mean over seeds.",
+        f"{REACH_WINDOW} returns (or of the count a row gives) met it. Wall time and "
+        "steps/s: per run, mean over seeds.",
         "",
         "| row | env | steps | seeds | score | reference band | steps to threshold "
         "| wall s/run | steps/s | verdict |",
@@ -317,6 +332,8 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         to = "-"
         if r["threshold"] is not None:
             reached = f"{r['reached']}/{len(r['seeds'])} reached {r['threshold']:g}"
+            if r.get("reach_window", REACH_WINDOW) != REACH_WINDOW:
+                reached += f" over {r['reach_window']} returns"
             reached += f" (need {r['need']})" if r["need"] else ""
             steps = f"{r['steps_to_threshold']:,.0f}, " if r["reached"] else ""
             to = steps + reached
@@ -406,7 +423,9 @@ def benchmark(
                     "must be on storage that every node of the cluster mounts"
                 )
             summary = read_summary(run_dir)
-            runs.append(run_result(summary, suite.window, row.threshold, row.score))
+            runs.append(
+                run_result(summary, suite.window, row.threshold, row.score, row.reach_window)
+            )
         rows.append(row_result(row, runs))
     text = results_markdown(suite, rows, made_where())
     aggregated = _aggregate(out_dir, suite.name, rows, plot)

@@ -23,6 +23,7 @@ from rlstore.suite import (
     preflight,
     results_markdown,
     row_result,
+    run_result,
 )
 
 TINY = """
@@ -203,6 +204,28 @@ def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
     assert not row_result(row, runs)["too_few_reached"]
 
 
+def test_steps_to_threshold_average_the_rows_reach_window():
+    """Hand-computed: returns 0, 0, 4, 6, 8, 8 at steps 10..60. Means of 2: 0, 2, 5, 7, 8:
+    5 is first met by the episode at step 40; means of 4: 2.5, 4.5, 6.5: at step 60; the
+    default 20 needs 20 episodes."""
+    summary = {
+        "seed": 1,
+        "run_dir": "r",
+        "global_step": 60,
+        "wall_seconds": 1.0,
+        "episodes": {"returns": [0, 0, 4, 6, 8, 8], "steps": [10, 20, 30, 40, 50, 60]},
+    }
+    assert run_result(summary, 100, 5, reach_window=2)["reached_at"] == 40
+    assert run_result(summary, 100, 5, reach_window=4)["reached_at"] == 60
+    assert run_result(summary, 100, 7.5, reach_window=4)["reached_at"] is None
+    assert run_result(summary, 100, 5)["reached_at"] is None
+    row = Row("ppo", "ppo", "CartPole-v1", 60, [1], threshold=5, need=1, reach_window=4)
+    result = row_result(row, [run_result(summary, 100, 5, reach_window=4)])
+    assert "60, 1/1 reached 5 over 4 returns (need 1) |" in results_markdown(
+        Suite("s", [row]), [result]
+    )
+
+
 def test_a_row_above_its_band_says_above_and_passes():
     row = Row("ppo", "ppo", "HalfCheetah-v4", 1000, [1, 2], band=(1400, 1534.6))
     runs = [{"score": s, "reached_at": None, "wall_seconds": 1, "steps_per_second": 1}
@@ -259,6 +282,10 @@ def test_shipped_suites_load_and_name_their_sources():
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 10\n', "smaller than one rollout"),
         ('seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nthreshold = 1\n'
          "need = 2\n", "need is a number of seeds, with a threshold to reach"),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nreach_window = 100\n',
+         "reach_window is a number of returns >= 1, with a threshold"),
+        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nthreshold = 1\n'
+         "reach_window = 0\n", "reach_window is a number of returns >= 1, with a threshold"),
         ('score = "final"\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n',
          'score must be "training" or "evaluation"'),
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nnormalize = [5, 1]\n',
