@@ -221,7 +221,9 @@ RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"  # where `ray start --head`
 
 def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
     """Start Ray in this process (no address) or join the cluster at HOST:PORT; the ray module.
-    A missing Ray or a cluster that does not answer is one clear UsageError.
+    A missing Ray or a cluster that does not answer is one clear UsageError. Without an
+    address, a cluster that `ray start` left on this machine is not joined (Ray's bare
+    init would, and then refuse num_cpus).
 
     A head started the default way (`ray start --head`, Ray 2.5x and later) asks its clients
     for the token it wrote to ~/.ray/auth_token; Ray's own client sends it only when told
@@ -242,7 +244,13 @@ def connect_ray(address: str | None, num_cpus: int | None = None) -> Any:
     if ray.is_initialized():
         return ray
     if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        except ValueError as e:  # ray.init() joined a cluster that `ray start` left running
+            if "existing cluster" not in str(e):
+                raise
+            # Start a Ray of its own beside it: a local run asks for its own CPU count
+            ray.init("local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         return ray
     try:  # ray.init itself would retry for a minute or more
         socket.create_connection((host, int(port)), timeout=5).close()

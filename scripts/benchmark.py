@@ -36,7 +36,7 @@ normalization), SB3's PPO at the same settings with VecNormalize (its value clip
 0.2, as rlstore's); the floor is one env step plus the policy forward.
 
 --algos ppo_lstm (on CartPoleNoVel-v1, its default env): recurrent PPO at its preset
-(configs/ppo_lstm/CartPoleNoVel-v1.toml: 8 envs x 32 steps, one minibatch, 20 epochs, an
+(configs/ppo_lstm/CartPoleNoVel-v1.toml: 8 envs x 128 steps, 4 minibatches, 10 epochs, an
 LSTM of 256 for the actor and one for the critic, 64-64 tanh heads, lr and clip annealed,
 observation and reward normalization) against sb3-contrib's RecurrentPPO with
 MlpLstmPolicy at the same settings and VecNormalize, from --lstm-steps steps. No floor.
@@ -244,9 +244,13 @@ def child_sb3(
     return {"sps": steps / seconds, "to_475_s": None if reach is None else reach - launch}
 
 
-def sb3_recurrent_ppo(env: str, seed: int, device: str = "auto"):
+def sb3_recurrent_ppo(
+    env: str, seed: int, device: str = "auto", n_steps: int = 128, n_epochs: int = 10
+):
     """sb3-contrib's RecurrentPPO at rlstore's ppo_lstm CartPoleNoVel-v1 preset (RL Zoo's
-    tuned values, VecNormalize): the comparator here and in scripts/recurrent_reference.py."""
+    tuned values, VecNormalize; rollouts of 128 steps in minibatches of 256, 10 epochs), the
+    comparator here; scripts/recurrent_reference.py asks for the zoo's own 32 steps and 20
+    epochs (one minibatch)."""
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
@@ -255,8 +259,8 @@ def sb3_recurrent_ppo(env: str, seed: int, device: str = "auto"):
 
     register()  # CartPoleNoVel-v1 and PendulumNoVel-v1, for gymnasium.make
     envs = VecNormalize(make_vec_env(env, n_envs=8, seed=seed), gamma=0.98)
-    return RecurrentPPO("MlpLstmPolicy", envs, n_steps=32, batch_size=256, n_epochs=20,
-                        gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
+    return RecurrentPPO("MlpLstmPolicy", envs, n_steps=n_steps, batch_size=256,
+                        n_epochs=n_epochs, gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
                         learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
                         seed=seed, device=device)  # fmt: skip
 

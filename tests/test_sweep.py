@@ -116,7 +116,8 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
     """The documented commands as typed, against a head started the default way, in a home
     of its own: `ray start --head` turns on token authentication when the machine has a
     token (~/.ray/auth_token, which any local Ray >= 2.5x writes: here `ray get-auth-token
-    --generate`). Without the token, one line that says what to do."""
+    --generate`). Without the token, one line that says what to do. A local sweep beside
+    the head runs on its own."""
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, whatever is on PATH
     from test_benchmark import free_port
 
@@ -165,6 +166,12 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
         assert refused.stderr.count("\n") == 1, refused.stderr[-2000:]
         assert "asks for its authentication token and this machine has no token" in refused.stderr
         assert "~/.ray/auth_token" in refused.stderr
+        # Without --address, a sweep beside the head runs on a Ray of its own: Ray's bare
+        # init joins the head and refuses the sweep's CPU count (it crashed here once)
+        beside = sweep(spec, tmp_path / "beside", env=env)
+        assert beside.returncode == 0, beside.stdout[-2000:] + beside.stderr[-2000:]
+        assert "joining the Ray cluster" not in beside.stdout
+        check_best_reproduces(tmp_path / "beside", tmp_path)
     finally:
         subprocess.run([*ray_cli, "stop", "--force"], capture_output=True, env=env)
 
