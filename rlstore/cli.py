@@ -122,6 +122,9 @@ class BenchmarkArgs:
     the runs then train on it (--device auto). Ray hides the GPUs from runs that ask none."""
     plot: bool = True
     """Draw curves.png (needs rlstore[plot])."""
+    env: tuple[str, ...] = ()
+    """Run only the rows on these env ids (e.g. --env HalfCheetah-v4); the results then
+    cover those rows (the whole suite again reads back what finished)."""
 
 
 @dataclass
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             from rlstore.suite import benchmark
 
             return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address,
-                             parsed.gpus_per_run, parsed.plot)  # fmt: skip
+                             parsed.gpus_per_run, parsed.plot, parsed.env)  # fmt: skip
         elif command == "plot":
             parsed = parse_args(PlotArgs, rest, "rlstore plot")
             from rlstore.plot import describe, plot

@@ -21,6 +21,7 @@ import platform
 import subprocess
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,7 @@ def benchmark(
     address: str | None = None,
     gpus_per_run: float = 0.0,
     plot: bool = True,
+    envs: Sequence[str] = (),
 ) -> int:
     check_workers(workers)
     if gpus_per_run and address is None:
@@ -373,6 +375,15 @@ def benchmark(
             "--gpus-per-run needs --address: on this machine every run sees its GPUs already"
         )
     suite = load_suite(find_suite(suite_arg))
+    if envs:  # a part of the suite: its rows on these envs
+        suite_envs = list(dict.fromkeys(row.env for row in suite.rows))
+        for env in envs:
+            if env not in suite_envs:
+                raise UsageError(
+                    f"suite {suite.name} has no row on --env {env}; its envs: "
+                    + ", ".join(suite_envs)
+                )
+        suite.rows = [row for row in suite.rows if row.env in envs]
     out_dir = Path(out or Path("benchmarks") / suite.name).resolve()
     preflight(suite.rows)
     specs = [spec for row in suite.rows for spec in row.specs(out_dir)]

@@ -193,6 +193,37 @@ def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     assert resumed["episodes"] == uninterrupted["episodes"]
 
 
+@pytest.mark.slow
+def test_env_runs_only_those_rows_and_the_whole_suite_reads_them_back(tmp_path, capsys):
+    suite = tmp_path / "two.toml"
+    suite.write_text(
+        'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n'
+        "overrides = { num_steps = 64 }\n"
+        '[[row]]\nalgo = "ppo"\nenv = "Acrobot-v1"\nsteps = 1024\n'
+        "overrides = { num_steps = 64 }\n"
+    )
+    out = tmp_path / "out"
+    args = ["benchmark", str(suite), "--out", str(out), "--no-plot"]
+    assert main([*args, "--env", "Acrobot-v1"]) == 0
+    assert "1 run in" in capsys.readouterr().out
+    assert [p.name.split("__")[0] for p in (out / "runs").iterdir()] == ["Acrobot-v1"]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["env"] for r in rows] == ["Acrobot-v1"]
+    acrobot = summaries(out / "runs")
+
+    assert main(args) == 0
+    whole = capsys.readouterr().out
+    assert "2 runs in" in whole and "1 finished, 0 to resume, 1 to start" in whole
+    assert summaries(out / "runs").items() >= acrobot.items()  # read back, not run again
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["env"] for r in rows] == ["CartPole-v1", "Acrobot-v1"]
+
+    assert main([*args, "--env", "Pendulum-v1"]) == 2
+    err = capsys.readouterr().err
+    assert "has no row on --env Pendulum-v1; its envs: CartPole-v1, Acrobot-v1" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
     row = Row("ppo", "ppo", "CartPole-v1", 1000, [1, 2, 3], threshold=100, need=2)
     runs = [{"score": 1.0, "reached_at": at, "wall_seconds": 1, "steps_per_second": 1}
