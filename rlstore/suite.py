@@ -224,6 +224,18 @@ def preflight(rows: list[Row]) -> None:
 # -- results ----------------------------------------------------------------------------------
 
 
+def first_reach(
+    returns: Sequence[float], steps: Sequence[int], threshold: float, window: int = REACH_WINDOW
+) -> int | None:
+    """The env step of the first episode where the mean of the last `window` returns met
+    `threshold` (steps[i]: where episode i ended), or None."""
+    if len(returns) < window:
+        return None
+    means = np.convolve(returns, np.ones(window) / window, mode="valid")
+    hits = np.flatnonzero(means >= threshold)
+    return int(steps[hits[0] + window - 1]) if len(hits) else None
+
+
 def run_result(
     summary: dict,
     window: int,
@@ -236,10 +248,8 @@ def run_result(
     returns = summary["episodes"]["returns"]
     steps = summary["episodes"]["steps"]
     reached = None
-    if threshold is not None and len(returns) >= reach_window:
-        means = np.convolve(returns, np.ones(reach_window) / reach_window, mode="valid")
-        hits = np.flatnonzero(means >= threshold)
-        reached = int(steps[hits[0] + reach_window - 1]) if len(hits) else None
+    if threshold is not None:
+        reached = first_reach(returns, steps, threshold, reach_window)
     if score == "evaluation":
         evaluations = summary.get("evaluations") or [{"mean_return": float("nan")}]
         value = evaluations[-1]["mean_return"]

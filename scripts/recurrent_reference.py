@@ -28,6 +28,8 @@ def child(seed: int, steps: int, rollout: str) -> dict:
     from benchmark import sb3_recurrent_ppo  # this script's directory
     from stable_baselines3.common.callbacks import BaseCallback
 
+    from rlstore.suite import first_reach
+
     returns: list[float] = []
     ends: list[int] = []
 
@@ -41,8 +43,7 @@ def child(seed: int, steps: int, rollout: str) -> dict:
 
     model = sb3_recurrent_ppo("CartPoleNoVel-v1", seed, **ROLLOUTS[rollout])
     model.learn(steps, callback=Watch())
-    reached = next((ends[i + 99] for i in range(len(returns) - 99)
-                    if statistics.fmean(returns[i:i + 100]) >= 450), None)  # fmt: skip
+    reached = first_reach(returns, ends, 450, window=100)
     last_100 = statistics.fmean(returns[-100:])
     return {"seed": seed, "steps": steps, "rollout": rollout, "last_100_mean": last_100,
             "reached_450_at": reached}  # fmt: skip
