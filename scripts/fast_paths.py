@@ -97,58 +97,6 @@ def dqn_gradient_step() -> tuple[str, float, float]:
     return "HostDQNStep: a DQN gradient step, batch 128", per_call_us(torch_step, n=300), fast_us
 
 
-def offpolicy_gradient_step(algo: str) -> tuple[str, float, float]:
-    """A SAC or TD3 gradient step at CleanRL's defaults on HalfCheetah's shapes (17-d
-    observations, 6-d actions, batch 256, 256-256 networks): torch vs Host*Step, averaged
-    over the policy delay."""
-    import copy
-
-    from rlstore.algos import sac, td3
-    from rlstore.host_updates import HostSACStep, HostTD3Step
-    from rlstore.networks import DeterministicActorCritic, SquashedGaussianActorCritic
-    from rlstore.storage.replay import ReplayBuffer
-
-    rng = np.random.default_rng(0)
-    buffer = ReplayBuffer(10_000, 1, (17,), torch.float32, action_shape=(6,),
-                          action_dtype=torch.float32, seed=0)  # fmt: skip
-    obs = rng.normal(size=(1, 17)).astype(np.float32)
-    for _ in range(5000):
-        next_obs = rng.normal(size=(1, 17)).astype(np.float32)
-        buffer.add(obs, rng.uniform(-1, 1, (1, 6)).astype(np.float32), rng.normal(size=1),
-                   next_obs, np.zeros(1, bool), np.zeros(1, bool))  # fmt: skip
-        obs = next_obs
-    low, high = [-1.0] * 6, [1.0] * 6
-    if algo == "sac":
-        cfg, agent = sac.SACConfig(), SquashedGaussianActorCritic(17, low, high)
-        target, entropy = copy.deepcopy(agent.critic), sac.EntropyCoefficient()
-        optimizers = sac.Optimizers(
-            torch.optim.Adam(agent.actor.parameters(), lr=3e-4, fused=True),
-            torch.optim.Adam(agent.critic.parameters(), lr=1e-3, fused=True),
-            torch.optim.Adam([entropy.log_alpha], lr=1e-3),
-        )
-        fast = HostSACStep(agent, target, entropy, optimizers)
-
-        def step(number, fast_step):
-            sac.gradient_step(number, agent, target, entropy, optimizers, buffer, cfg, -6.0,
-                              fast_step)  # fmt: skip
-    else:
-        cfg, agent = td3.TD3Config(), DeterministicActorCritic(17, low, high)
-        target = copy.deepcopy(agent)
-        actor_opt = torch.optim.Adam(agent.actor.parameters(), lr=3e-4, fused=True)
-        critic_opt = torch.optim.Adam(agent.critic.parameters(), lr=3e-4, fused=True)
-        fast = HostTD3Step(agent, target, actor_opt, critic_opt)
-
-        def step(number, fast_step):
-            td3.gradient_step(number, agent, target, actor_opt, critic_opt, buffer, cfg,
-                              fast_step)  # fmt: skip
-
-    def two_steps(fast_step):  # one with the actor, one without
-        return lambda: (step(1, fast_step), step(2, fast_step))
-
-    name = f"Host{algo.upper()}Step: a {algo.upper()} gradient step, HalfCheetah's shapes"
-    return name, per_call_us(two_steps(None), n=40) / 2, per_call_us(two_steps(fast), n=40) / 2
-
-
 def collect_step() -> tuple[str, float, float]:
     """A step of PPO's collect loop at the defaults (4 CartPole envs): the loop's own calls
     vs LeanRollout, per vector step over whole rollouts."""
@@ -218,7 +166,6 @@ def main() -> None:
     rows.append(collect_step())
     rows.append(ppo_minibatch_step())
     rows.append(dqn_gradient_step())
-    rows += [offpolicy_gradient_step(algo) for algo in ("sac", "td3")]
 
     q_network = QNetwork(4, 2)
     greedy = GreedyActor(q_network.advantage_path)

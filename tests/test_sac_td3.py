@@ -1,6 +1,6 @@
 """SAC and TD3: the squashed Gaussian's log-prob, critic targets against naive references,
 the entropy coefficient's update, TD3's target smoothing and policy delay, the soft target
-update, the gradient-step schedule, the numpy steps against the torch ones, and runs."""
+update, the gradient-step schedule, and runs."""
 
 import copy
 import math
@@ -15,11 +15,10 @@ from tiny_runs import SETUPS, Watch, replace
 from rlstore.algos import sac, td3
 from rlstore.algos._off_policy import gradient_steps
 from rlstore.algos._shared import update_target
-from rlstore.algos.sac import EntropyCoefficient, Optimizers, SACConfig, alpha_loss
+from rlstore.algos.sac import EntropyCoefficient, SACConfig, alpha_loss
 from rlstore.algos.td3 import TD3Config
 from rlstore.cli import main
 from rlstore.files import safe_load
-from rlstore.host_updates import HostSACStep, HostTD3Step
 from rlstore.networks import (
     DeterministicActorCritic,
     SquashedGaussianActorCritic,
@@ -267,14 +266,13 @@ TINY = dict(env_id="Pendulum-v1", hidden=(16, 16), batch_size=16, buffer_size=40
             device="cpu", progress=False, track_tensorboard=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("fast_paths", ["auto", "off"])
 @pytest.mark.parametrize("num_envs,ratio", [(1, 1.0), (2, 1.0), (1, 0.5)])
-def test_policy_delay_and_gradient_steps_counted(num_envs, ratio, fast_paths, logdir):
+def test_policy_delay_and_gradient_steps_counted(num_envs, ratio, logdir):
     """TD3: critics at every gradient step, the actor at every 2nd; SAC: 2 actor and 2
     entropy steps at every 2nd (CleanRL's compensation). Counted by the optimizers."""
     steps, starts = 300, 100
     common = dict(TINY, total_timesteps=steps, learning_starts=starts, num_envs=num_envs,
-                  gradient_steps_per_env_step=ratio, fast_paths=fast_paths)  # fmt: skip
+                  gradient_steps_per_env_step=ratio)  # fmt: skip
     critic = int((steps - starts) * ratio)
     run = td3.train(TD3Config(**common, logdir=f"{logdir}/td3")).run_dir
     assert optimizer_steps(run, "critic_optimizer") == critic
@@ -311,73 +309,6 @@ def test_target_networks_move_by_tau_when_due(logdir):
     moved = [step + 1 for (step, before, _), (_, after, _) in zip(seen, seen[1:])
              if not all(torch.equal(a, b) for a, b in zip(before, after))]  # fmt: skip
     assert moved == [52, 54, 56, 58, 60]  # gradient steps 2, 4, ... (one per env step from 51)
-
-
-# -- the numpy steps against the torch ones ------------------------------------------------------
-
-
-def filled_buffer(seed=0):
-    buffer, _ = stream_into_buffer(2, obs_dim=5, action_dim=3, steps=200, seed=seed)
-    return buffer
-
-
-def sac_steps(fast, steps=6, autotune=True):
-    torch.manual_seed(0)
-    cfg = SACConfig(batch_size=64, hidden=(32, 32))
-    agent = SquashedGaussianActorCritic(5, [-1.0] * 3, [1.0] * 3, (32, 32))
-    target = copy.deepcopy(agent.critic)
-    entropy = EntropyCoefficient(None if autotune else 0.2)
-    optimizers = Optimizers(
-        torch.optim.Adam(agent.actor.parameters(), lr=3e-3),
-        torch.optim.Adam(agent.critic.parameters(), lr=1e-2),
-        torch.optim.Adam([entropy.log_alpha], lr=1e-2) if autotune else None,
-    )
-    fast_step = HostSACStep(agent, target, entropy, optimizers) if fast else None
-    buffer = filled_buffer()
-    logs = [sac.gradient_step(n, agent, target, entropy, optimizers, buffer, cfg, -3.0, fast_step)
-            for n in range(1, steps + 1)]  # fmt: skip
-    return [agent, target, entropy], logs
-
-
-def td3_steps(fast, steps=6):
-    torch.manual_seed(0)
-    cfg = TD3Config(batch_size=64, hidden=(32, 32))
-    agent = DeterministicActorCritic(5, [-2.0] * 3, [2.0] * 3, (32, 32))
-    target = copy.deepcopy(agent)
-    actor_opt = torch.optim.Adam(agent.actor.parameters(), lr=3e-3)
-    critic_opt = torch.optim.Adam(agent.critic.parameters(), lr=1e-2)
-    fast_step = HostTD3Step(agent, target, actor_opt, critic_opt) if fast else None
-    buffer = filled_buffer()
-    logs = [td3.gradient_step(n, agent, target, actor_opt, critic_opt, buffer, cfg, fast_step)
-            for n in range(1, steps + 1)]  # fmt: skip
-    return [agent, target], logs
-
-
-@pytest.mark.parametrize(
-    "steps,options",
-    [(sac_steps, {}), (sac_steps, {"autotune": False}), (td3_steps, {})],
-    ids=["sac", "sac-fixed-alpha", "td3"],
-)
-def test_the_numpy_step_equals_the_torch_step(steps, options):
-    """Equal to rounding (rtol 1e-4, atol 1e-5), but for isolated elements: where a ReLU
-    unit sits at 0 for a sample, rounding decides whether it passes a gradient, and Adam
-    turns that difference into up to a step (lr) of the element's own. At most one element
-    in 1,000 of a tensor (and one in any) may differ, and by less than the 6 steps' lr."""
-    modules, logs = steps(False, **options)
-    fast_modules, fast_logs = steps(True, **options)
-    for module, fast_module in zip(modules, fast_modules, strict=True):
-        for (name, a), b in zip(module.state_dict().items(), fast_module.state_dict().values()):
-            off = ~torch.isclose(b, a, rtol=1e-4, atol=1e-5)
-            assert off.sum() <= max(1, off.numel() // 1000), (name, (b - a).abs().max())
-            assert (b - a).abs().max() < 6 * 1e-2, name  # the largest lr is the critics' 1e-2
-    assert logs[-1].keys() == fast_logs[-1].keys()
-    for name, value in logs[-1].items():
-        assert float(fast_logs[-1][name]) == pytest.approx(float(value), rel=1e-4, abs=1e-5)
-    start = steps(False, steps=0, **options)[0][0].state_dict()  # the steps did move them
-    moved = [
-        not torch.equal(a, b) for a, b in zip(start.values(), modules[0].state_dict().values())
-    ]
-    assert sum(moved) >= len(moved) - 4  # (the action box's buffers stay)
 
 
 # -- runs --------------------------------------------------------------------------------------
@@ -451,10 +382,8 @@ def test_same_seed_same_run(algo, logdir):
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_learns_pendulum(algo, logdir):
-    """A short learning check: 64-64 networks, 8,000 steps (about 30 s with the fast paths);
-    random actions score about -1,200 on Pendulum. (The torch steps' learning follows from
-    test_the_numpy_step_equals_the_torch_step; --fast-paths off runs in the resume, schedule
-    and policy-delay tests.)"""
+    """A short learning check: 64-64 networks, 8,000 steps (under a minute each); random
+    actions score about -1,200 on Pendulum."""
     cfg = {"sac": SACConfig, "td3": TD3Config}[algo](
         env_id="Pendulum-v1", total_timesteps=8_000, learning_starts=1_000, hidden=(64, 64),
         seed=1, logdir=logdir, device="cpu", progress=False, track_tensorboard=False,

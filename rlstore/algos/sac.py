@@ -37,7 +37,6 @@ from rlstore.algos._off_policy import (
 from rlstore.algos._shared import update_target
 from rlstore.config import NonNegative, NonNegativeInt, Positive
 from rlstore.envs import make_training_envs
-from rlstore.host_updates import HostSACStep
 from rlstore.networks import SquashedGaussianActorCritic, policy_spec
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -137,18 +136,11 @@ def gradient_step(
     buffer: ReplayBuffer,
     cfg: SACConfig,
     target_entropy: float,
-    fast_step: HostSACStep | None = None,
 ) -> dict[str, torch.Tensor]:
     """Gradient step `number` (1, 2, ...): the critics on a replay batch; at every
     policy_frequency-th, policy_frequency steps of the actor and the entropy coefficient on
     that batch (CleanRL's delayed, compensated actor updates); then the soft target update.
-    Returns what it logs, as tensors (read only when logged). `fast_step`, if given, takes
-    the same step in numpy (rlstore/host_updates.py) on the same batch."""
-    if fast_step is not None:
-        batch = buffer.sample_host(cfg.batch_size)
-        logged = fast_step(number, batch, cfg, target_entropy)
-        update_target(target_critic, agent.critic, cfg.tau)
-        return logged
+    Returns what it logs, as tensors (read only when logged)."""
     batch = buffer.sample(cfg.batch_size)
     q1_loss, q2_loss, q1, q2 = critic_loss(agent, target_critic, batch, entropy.alpha)
     optimizers.critic.zero_grad(set_to_none=True)
@@ -206,11 +198,6 @@ def train(
         alpha=torch.optim.Adam([entropy.log_alpha], lr=cfg.q_lr) if cfg.autotune else None,
     )
     buffer = make_replay_buffer(cfg, envs, device)
-    # The same gradient step in numpy, for networks and replay in host memory
-    # (rlstore/host_updates.py)
-    fast = cfg.use_fast_paths and buffer.device.type == "cpu"
-    fast = fast and HostSACStep.supports(agent, optimizers)
-    fast_step = HostSACStep(agent, target_critic, entropy, optimizers) if fast else None
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(agent, obs_space, action_space)
     parts = {"actor_optimizer": optimizers.actor, "critic_optimizer": optimizers.critic}
@@ -236,7 +223,7 @@ def train(
             for number in gradient_steps(cfg, before, run.global_step):
                 if buffer.ready(cfg.batch_size):
                     logged |= gradient_step(number, agent, target_critic, entropy, optimizers,
-                                            buffer, cfg, target_entropy, fast_step)  # fmt: skip
+                                            buffer, cfg, target_entropy)  # fmt: skip
 
             # -- log -----------------------------------------------------------------------
             if run.log_due() and logged:

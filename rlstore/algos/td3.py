@@ -35,7 +35,6 @@ from rlstore.algos._off_policy import (
 from rlstore.algos._shared import update_target
 from rlstore.config import NonNegative, Positive
 from rlstore.envs import make_training_envs
-from rlstore.host_updates import HostTD3Step
 from rlstore.networks import DeterministicActorCritic, policy_spec
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -106,17 +105,10 @@ def gradient_step(
     critic_optimizer: torch.optim.Optimizer,
     buffer: ReplayBuffer,
     cfg: TD3Config,
-    fast_step: HostTD3Step | None = None,
 ) -> dict[str, torch.Tensor]:
     """Gradient step `number` (1, 2, ...): the critics on a replay batch; at every
     policy_frequency-th, the actor on that batch and the soft update of every target
-    network. Returns what it logs, as tensors (read only when logged). `fast_step`, if
-    given, takes the same step in numpy (rlstore/host_updates.py) on the same batch."""
-    if fast_step is not None:
-        logged, actor_due = fast_step(number, buffer.sample_host(cfg.batch_size), cfg)
-        if actor_due:
-            update_target(target, agent, cfg.tau)
-        return logged
+    network. Returns what it logs, as tensors (read only when logged)."""
     batch = buffer.sample(cfg.batch_size)
     q1_loss, q2_loss, q1, q2 = critic_loss(agent, target, batch, cfg)
     critic_optimizer.zero_grad(set_to_none=True)
@@ -161,11 +153,6 @@ def train(
     critic_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate,
                                         fused=True)  # fmt: skip
     buffer = make_replay_buffer(cfg, envs, device)
-    # The same gradient step in numpy, for networks and replay in host memory
-    # (rlstore/host_updates.py)
-    fast = cfg.use_fast_paths and buffer.device.type == "cpu"
-    fast = fast and HostTD3Step.supports(agent, actor_optimizer, critic_optimizer)
-    fast_step = HostTD3Step(agent, target, actor_optimizer, critic_optimizer) if fast else None
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(agent, obs_space, action_space)
     state = TrainingState(envs, agent, spec, obs, target=target, buffer=buffer,
@@ -188,7 +175,7 @@ def train(
             for number in gradient_steps(cfg, before, run.global_step):
                 if buffer.ready(cfg.batch_size):
                     logged |= gradient_step(number, agent, target, actor_optimizer,
-                                            critic_optimizer, buffer, cfg, fast_step)  # fmt: skip
+                                            critic_optimizer, buffer, cfg)  # fmt: skip
 
             # -- log -----------------------------------------------------------------------
             if run.log_due() and logged:
