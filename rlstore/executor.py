@@ -41,9 +41,13 @@ if TYPE_CHECKING:
 
 RUNS_AT_ONCE = "RLSTORE_RUNS_AT_ONCE"  # runs sharing this machine, for --torch-threads auto
 
-# Fields a run directory may differ in and still be the same run (a shorter run is extended
-# to a larger total_timesteps by resuming it).
-NOT_IDENTITY = ("logdir", "progress", "config", "device", "torch_threads", "total_timesteps")
+# Fields a run directory may differ in and still be the same run: where it runs, how it
+# reports, how often it checkpoints (saving touches neither the RNG nor the learning: the
+# resume tests) and its length (a shorter run is extended by resuming it).
+NOT_IDENTITY = (
+    "logdir", "progress", "config", "device", "torch_threads", "total_timesteps",
+    "checkpoint_every", "keep_checkpoints",
+)  # fmt: skip
 
 
 def check_workers(workers: int | None) -> None:

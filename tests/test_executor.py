@@ -44,6 +44,27 @@ def test_a_record_older_than_a_field_is_the_same_run_at_its_default(tmp_path):
         check_same_config(tmp_path, "ppo", dataclasses.replace(cfg, fast_paths="off"))
 
 
+def test_checkpoint_cadence_is_not_part_of_a_runs_identity(tmp_path):
+    """A run checkpointed every 100k steps and resumed with checkpoints every 25k (a suite
+    made finer) is the same run; a changed learning setting is not."""
+    import dataclasses
+    import json
+
+    import pytest
+
+    from rlstore.errors import UsageError
+    from rlstore.executor import RunSpec, check_same_config
+
+    spec = RunSpec("sac", "Pendulum-v1", 1, "sac", str(tmp_path))
+    cfg, _ = spec.config()
+    record = {"algo": "sac", **dataclasses.asdict(cfg), "checkpoint_every": 100_000}
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    check_same_config(tmp_path, "sac", dataclasses.replace(cfg, checkpoint_every=25_000,
+                                                           keep_checkpoints=5))  # fmt: skip
+    with pytest.raises(UsageError, match="other settings \\(tau\\)"):
+        check_same_config(tmp_path, "sac", dataclasses.replace(cfg, tau=0.01))
+
+
 def test_a_signal_with_runs_still_waiting_stops_the_executor(monkeypatch, tmp_path):
     """SIGINT while some runs wait for a worker: the running ones get it, the waiting ones
     never start, and run() returns the signal (it once waited for them forever)."""
