@@ -67,9 +67,10 @@ class CommonConfig:
     """Where networks and storage live: auto (CUDA when available), cpu, cuda or cuda:N."""
     torch_threads: Count | Literal["auto"] = "auto"
     """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1 for MLP
-    policies (a second thread does not speed them up); for CNN policies (Atari) every core,
-    divided among the runs of a suite or sweep; idle threads sleep, so that runs sharing the
-    cores do not collapse (docs/guides/atari.md). A number overrides it."""
+    policies (under the passive wait policy a second one slows them down); for CNN policies
+    (Atari) every core, divided among the runs of a suite or sweep; idle threads sleep, so
+    that runs sharing the cores do not collapse (docs/guides/atari.md). A number overrides
+    it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
     """auto: the env's own vectorized implementation (when it has one) from 6 envs on,
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""

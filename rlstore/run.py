@@ -108,8 +108,9 @@ def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
 
 
 def auto_threads(cnn: bool) -> int:
-    """--torch-threads auto: one thread for the small MLPs (a second does not speed them up;
-    nor a whole SAC run at 256-256, docs/maintainers/fast-paths.md); for a CNN policy
+    """--torch-threads auto: one thread for MLPs (under the passive wait policy a second slows
+    them down, SAC's 256-256 included; spinning threads would speed a lone SAC run up and
+    collapse shared ones: docs/maintainers/fast-paths.md); for a CNN policy
     (Atari), whose convolutions do gain from more, the cores divided by the runs that share
     them: RLSTORE_RUNS_AT_ONCE, which the executors of `rlstore benchmark`
     and `rlstore sweep` set (1 for a run started by hand). Idle threads sleep

@@ -75,6 +75,12 @@ from pathlib import Path
 
 WINDOW, THRESHOLD = 20, 475.0
 
+# The environment this script started with, for its children: importing rlstore here sets
+# OMP_WAIT_POLICY=PASSIVE in this process (rlstore/__init__.py), and SB3's children would
+# inherit it; they must run at torch's own wait policy, as SB3's users do. (Until this was
+# fixed, SB3 at two threads ran at half its speed in the --default-threads benchmarks.)
+USER_ENV = dict(os.environ)
+
 
 def first_reach(returns: list[float], times: list[float]) -> float | None:
     for i in range(WINDOW - 1, len(returns)):
@@ -98,8 +104,11 @@ def child_rlstore(
     one_thread: bool = True,
     offpolicy_starts: int = 1000,
 ) -> dict:
+    import importlib
     import tempfile
 
+    # rlstore before torch, as `rlstore train` loads them, so that its OpenMP wait policy holds
+    importlib.import_module("rlstore")
     import torch
 
     if one_thread:  # else each trainer's own default (rlstore's auto, torch's for SB3)
@@ -411,6 +420,7 @@ def child_offpolicy_floor(algo: str, env: str, threads: int) -> dict:
 
 
 def child_main(spec: dict) -> None:
+    wait_policy = os.environ.get("OMP_WAIT_POLICY", "unset")  # as torch will read it
     kind = spec.pop("kind")
     if kind == "floor":
         out = child_floor(**spec)
@@ -421,6 +431,7 @@ def child_main(spec: dict) -> None:
     else:
         out = child_sb3(**spec)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["omp_wait_policy"] = wait_policy
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -457,6 +468,7 @@ def run_parallel(k: int, algo: str, steps: int, extra: list[str], env: str = "Ca
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                env=USER_ENV,
             )  # fmt: skip
             for seed in range(1, k + 1)
         ]
@@ -496,7 +508,9 @@ def parallel_main(args: argparse.Namespace) -> None:
         "",
         f"`{command}` on {platform.machine()} ({os.cpu_count()} cores), "
         f"{time.strftime('%Y-%m-%d')}: K copies of `rlstore train {args.parallel_algo} --env "
-        f"{args.parallel_env} --total-timesteps {args.parallel_steps}` at once, default threads.",
+        f"{args.parallel_env} --total-timesteps {args.parallel_steps}` at once, default threads "
+        f"unless --extra sets them; OMP_WAIT_POLICY "
+        f"{USER_ENV.get('OMP_WAIT_POLICY', 'not set (so rlstore sets PASSIVE)')}.",
         "",
         "| K | aggregate steps/s | vs K = 1 | each copy's steps/s | wall s |",
         "|---|---|---|---|---|",
@@ -521,6 +535,7 @@ def parallel_main(args: argparse.Namespace) -> None:
 def launch(**spec) -> dict:
     proc = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)],
+        env=USER_ENV,
         capture_output=True,
         text=True,
         timeout=3600,
@@ -559,7 +574,9 @@ def main() -> None:
         help="default docs/results/benchmark, or docs/results/parallel-latest with --parallel",
     )
     parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
-    parser.add_argument("--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn"])
+    parser.add_argument(
+        "--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "td3"]
+    )
     parser.add_argument("--parallel-steps", type=int, default=50_000)
     parser.add_argument("--parallel-env", default="CartPole-v1", help="the env of --parallel")
     parser.add_argument(
