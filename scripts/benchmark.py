@@ -322,7 +322,7 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     with torch.inference_mode():
         forward_s = per_call(forward, n=2000 if space.dtype != "uint8" else 200)
     forward_kind = "torch"
-    if hasattr(net, "act_on_host") and device.type == "cpu":  # the numpy forward, if cheaper
+    if hasattr(net, "actor_path") and device.type == "cpu":  # the numpy forward, if cheaper (MLPs)
         from rlstore.host_networks import HostViews, numpy_mlp
 
         actor, critic = HostViews(net.actor_path)(), HostViews(net.critic_path)()
