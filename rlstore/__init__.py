@@ -51,6 +51,8 @@ _EXPORTS = {
     "TD3Config": "rlstore.algos.td3",
     "train_sac": ("rlstore.algos.sac", "train"),
     "train_td3": ("rlstore.algos.td3", "train"),
+    "DDPGConfig": "rlstore.algos.ddpg",
+    "train_ddpg": ("rlstore.algos.ddpg", "train"),
     "PPOLSTMConfig": "rlstore.algos.ppo_lstm",
     "train_ppo_lstm": ("rlstore.algos.ppo_lstm", "train"),
 }

@@ -546,7 +546,7 @@ def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasi
     return spec
 
 
-# -- continuous off-policy actor-critics (SAC, TD3) -------------------------------------------
+# -- continuous off-policy actor-critics (SAC, TD3, DDPG) -------------------------------------
 
 
 def relu_mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
@@ -558,18 +558,26 @@ def relu_mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequentia
     return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
 
 
-class TwinQ(nn.Module):
-    """Two independent Q(s, a) MLPs: the pair whose minimum the clipped double-Q target of
-    TD3 and SAC takes (Fujimoto et al. 2018)."""
+class QCritics(nn.Module):
+    """One or two independent Q(s, a) MLPs, q1 and q2: two for the clipped double-Q target
+    of TD3 and SAC, which takes their minimum (Fujimoto et al. 2018); one for DDPG."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...]) -> None:
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...],
+                 count: int = 2) -> None:  # fmt: skip
         super().__init__()
+        if count not in (1, 2):
+            raise ValueError(f"QCritics holds one or two critics, not {count}")
         self.q1 = relu_mlp(obs_dim + action_dim, hidden, 1)
-        self.q2 = relu_mlp(obs_dim + action_dim, hidden, 1)
+        if count == 2:
+            self.q2 = relu_mlp(obs_dim + action_dim, hidden, 1)
+        self.count = count
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Q1(obs, action), Q2(obs, action)), each of shape (batch,)."""
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(Q1(obs, action), Q2(obs, action)), or (Q1(obs, action),) with one critic; each
+        of shape (batch,)."""
         x = torch.cat((obs, action), -1)
+        if self.count == 1:
+            return (self.q1(x).squeeze(-1),)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
 
@@ -624,7 +632,7 @@ class SquashedGaussianActorCritic(nn.Module):
         action_dim, self.hidden = len(low), tuple(hidden)
         self.actor = relu_mlp(obs_dim, hidden, 2 * action_dim)
         self.bounds = BoundedActions(low, high)
-        self.critic = TwinQ(obs_dim, action_dim, hidden)
+        self.critic = QCritics(obs_dim, action_dim, hidden)
 
     def distribution(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log-std) of the Gaussian before the squashing."""
@@ -659,23 +667,24 @@ class SquashedGaussianActorCritic(nn.Module):
 
 
 class DeterministicActorCritic(nn.Module):
-    """TD3's networks (Fujimoto et al. 2018, as CleanRL's td3_continuous_action.py): a
-    deterministic actor, tanh into the action box, and twin Q critics on env-scale
-    actions. `act` adds the exploration noise (Gaussian, `exploration_noise` times the
-    box's half-width), clipped to the box."""
+    """TD3's and DDPG's networks (Fujimoto et al. 2018, Lillicrap et al. 2016, as CleanRL's
+    td3_continuous_action.py and ddpg_continuous_action.py): a deterministic actor, tanh
+    into the action box, and Q critics on env-scale actions, two (TD3) or one (DDPG).
+    `act` adds the exploration noise (Gaussian, `exploration_noise` times the box's
+    half-width), clipped to the box."""
 
     SPEC_NAME = "deterministic_actor_critic"
     continuous = True
 
     def __init__(self, obs_dim: int, low: Sequence[float], high: Sequence[float],
                  hidden: tuple[int, ...] = (256, 256),
-                 exploration_noise: float = 0.1) -> None:  # fmt: skip
+                 exploration_noise: float = 0.1, critics: int = 2) -> None:  # fmt: skip
         super().__init__()
         action_dim, self.hidden = len(low), tuple(hidden)
         self.exploration_noise = exploration_noise
         self.actor = relu_mlp(obs_dim, hidden, action_dim)
         self.bounds = BoundedActions(low, high)
-        self.critic = TwinQ(obs_dim, action_dim, hidden)
+        self.critic = QCritics(obs_dim, action_dim, hidden, critics)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         return self.bounds(torch.tanh(self.actor(_obs_features(obs))))
@@ -687,16 +696,19 @@ class DeterministicActorCritic(nn.Module):
         return torch.clamp(action + noise, self.bounds.low, self.bounds.high), None
 
     def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """(Q1, Q2) at (obs, action), shape (batch, 2)."""
+        """(Q1, Q2) at (obs, action), shape (batch, 2); (Q1,), shape (batch, 1), with one
+        critic."""
         return torch.stack(self.critic(_obs_features(obs), action.float()), -1)
 
     def spec_args(self) -> dict:
-        noise = self.exploration_noise
+        noise, critics = self.exploration_noise, self.critic.count
         return {"action_dim": len(self.bounds.low), "continuous": True,
-                "hidden": list(self.hidden), "exploration_noise": noise}  # fmt: skip
+                "hidden": list(self.hidden), "exploration_noise": noise,
+                "critics": critics}  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict) -> DeterministicActorCritic:
         obs_dim = int(np.prod(spec["obs_shape"]))
+        # model files written before DDPG came hold TD3's two critics and do not say so
         return cls(obs_dim, spec["action_low"], spec["action_high"], tuple(spec["hidden"]),
-                   spec["exploration_noise"])  # fmt: skip
+                   spec["exploration_noise"], spec.get("critics", 2))  # fmt: skip

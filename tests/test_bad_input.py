@@ -139,7 +139,7 @@ def test_unknown_command_and_missing_algorithm(capsys):
     assert "usage: rlstore" in capsys.readouterr().out
     assert main(["train"]) == 2  # no algorithm
     err = capsys.readouterr().err
-    names = "{a2c, dqn, ppo, ppo_lstm, sac, td3}"
+    names = "{a2c, ddpg, dqn, ppo, ppo_lstm, sac, td3}"
     assert err == f"rlstore: error: name an algorithm: rlstore train {names} --env ENV_ID\n"
 
 

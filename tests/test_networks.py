@@ -67,3 +67,22 @@ def test_built_from_spaces():
     assert actor_critic_for(box, spaces.Box(-2, 2, (3,))).continuous
     with pytest.raises(ValueError, match="unsupported action space"):
         actor_critic_for(box, spaces.MultiDiscrete([2, 3]))
+
+
+def test_deterministic_actor_critic_spec_keeps_its_critic_count():
+    """TD3's two critics and DDPG's one survive the spec; a spec from before DDPG, without
+    the count, held TD3's two."""
+    from rlstore.networks import DeterministicActorCritic, policy_spec
+
+    obs_space, action_space = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
+    for critics in (1, 2):
+        net = DeterministicActorCritic(3, [-2.0], [2.0], (8,), critics=critics)
+        spec = policy_spec(net, obs_space, action_space)
+        rebuilt = DeterministicActorCritic.from_spec(spec)
+        assert rebuilt.critic.count == critics
+        rebuilt.load_state_dict(net.state_dict())  # the same parameters, no more, no fewer
+        assert rebuilt.q_values(torch.zeros(5, 3), torch.zeros(5, 1)).shape == (5, critics)
+        spec.pop("critics")
+        assert DeterministicActorCritic.from_spec(spec).critic.count == 2
+    with pytest.raises(ValueError, match="one or two critics"):
+        DeterministicActorCritic(3, [-2.0], [2.0], (8,), critics=3)

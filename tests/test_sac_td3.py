@@ -1,6 +1,6 @@
-"""SAC and TD3: the squashed Gaussian's log-prob, critic targets against naive references,
-the entropy coefficient's update, TD3's target smoothing and policy delay, the soft target
-update, the gradient-step schedule, and runs."""
+"""SAC, TD3 and DDPG: the squashed Gaussian's log-prob, critic targets against naive
+references, the entropy coefficient's update, TD3's target smoothing and policy delay,
+DDPG's single critic, the soft target update, the gradient-step schedule, and runs."""
 
 import copy
 import math
@@ -12,9 +12,10 @@ import pytest
 import torch
 from tiny_runs import SETUPS, Watch, replace
 
-from rlstore.algos import sac, td3
+from rlstore.algos import ddpg, sac, td3
 from rlstore.algos._off_policy import gradient_steps
 from rlstore.algos._shared import update_target
+from rlstore.algos.ddpg import DDPGConfig
 from rlstore.algos.sac import EntropyCoefficient, SACConfig, alpha_loss
 from rlstore.algos.td3 import TD3Config
 from rlstore.cli import main
@@ -178,6 +179,33 @@ def test_td3_critic_target_against_a_naive_reference(num_envs):
         assert ours[row].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_ddpg_critic_target_against_a_naive_reference(num_envs):
+    """DDPG: one critic, whose target bootstraps from Q1'(s', mu'(s')) itself (no minimum,
+    no smoothing noise, and no random draw for it)."""
+    torch.manual_seed(0)
+    agent = DeterministicActorCritic(3, [-2.0, -1.0], [2.0, 1.0], (16, 16), critics=1)
+    assert not hasattr(agent.critic, "q2")
+    target = copy.deepcopy(agent)
+    for p in target.parameters():
+        p.data += 0.1 * torch.randn_like(p)
+    buffer, record = stream_into_buffer(num_envs)
+    batch = buffer.sample(64)
+    rng = torch.get_rng_state()
+    ours = td3.critic_target(target, batch, DDPGConfig())  # DDPG runs TD3's code
+    assert torch.equal(torch.get_rng_state(), rng)
+    scale = torch.tensor([2.0, 1.0])
+    for row in range(64):
+        key = (batch.obs[row].numpy().tobytes(), batch.actions[row].numpy().tobytes())
+        reward, next_obs, terminated = record[key]
+        s = torch.as_tensor(next_obs)[None]
+        a = scale * torch.tanh(target.actor(s))
+        q = target.critic.q1(torch.cat((s, a), -1)).item()
+        expected = reward + (0.0 if terminated else 0.99 * q)
+        assert ours[row].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    assert batch.terminated.any() and not batch.terminated.all()
+
+
 def test_td3_target_smoothing_noise_is_clipped_then_scaled_then_the_action_clipped():
     torch.manual_seed(0)
     agent = DeterministicActorCritic(3, [-4.0], [4.0], (8,))
@@ -281,6 +309,11 @@ def test_policy_delay_and_gradient_steps_counted(num_envs, ratio, logdir):
     assert optimizer_steps(run, "critic_optimizer") == critic
     assert optimizer_steps(run, "actor_optimizer") == 2 * (critic // 2)
     assert optimizer_steps(run, "alpha_optimizer") == 2 * (critic // 2)
+    run = ddpg.train(DDPGConfig(**common, logdir=f"{logdir}/ddpg")).run_dir  # CleanRL's delay
+    assert optimizer_steps(run, "critic_optimizer") == critic
+    assert optimizer_steps(run, "actor_optimizer") == critic // 2
+    run = ddpg.train(DDPGConfig(**common, policy_frequency=1, logdir=f"{logdir}/ddpg1")).run_dir
+    assert optimizer_steps(run, "actor_optimizer") == critic  # SB3's and the zoo's
 
 
 def test_target_networks_move_by_tau_when_due(logdir):
@@ -314,7 +347,7 @@ def test_target_networks_move_by_tau_when_due(logdir):
 # -- runs --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
     args = ["train", algo, "--env", "Pendulum-v1", "--total-timesteps", "400",
             "--learning-starts", "200", "--hidden", "16", "16", "--batch-size", "32",
@@ -329,6 +362,10 @@ def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
              "losses/actor_loss", "charts/episodic_return", "charts/SPS"}  # fmt: skip
     if algo == "sac":
         names |= {"losses/alpha", "losses/alpha_loss"}
+    critics = 1 if algo == "ddpg" else 2
+    if algo == "ddpg":  # CleanRL's DDPG logs its one critic as qf1
+        names -= {"losses/qf2_loss", "losses/qf2_values"}
+        assert not {"losses/qf2_loss", "losses/qf2_values"} & set(events.Tags()["scalars"])
     assert names <= set(events.Tags()["scalars"])
     assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
     assert "deterministic" in capsys.readouterr().out
@@ -339,7 +376,7 @@ def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
     action = policy(obs)
     assert action.shape == (4, 1) and (np.abs(action) <= 2.0).all()
     q = policy.q_values(obs, action)
-    assert q.shape == (4, 2)
+    assert q.shape == (4, critics)
     np.testing.assert_allclose(policy.q_values(obs), q, rtol=1e-6)  # the policy's own action
     with torch.no_grad():
         expected = policy.network.q_values(torch.as_tensor(obs), torch.as_tensor(action))
@@ -349,15 +386,17 @@ def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
 
 
 def test_discrete_and_unbounded_action_spaces_are_refused_in_one_line(logdir, capsys):
-    for algo in ("sac", "td3"):
+    for algo in ("sac", "td3", "ddpg"):
         assert main(["train", algo, "--env", "CartPole-v1", "--logdir", logdir]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "needs a Box action space" in err
     gym.register("UnboundedPendulum-v0", entry_point=UnboundedPendulum, max_episode_steps=50)
     try:
-        assert main(["train", "sac", "--env", "UnboundedPendulum-v0", "--logdir", logdir]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "unbounded action space" in err and "RescaleAction" in err
+        for algo in ("sac", "ddpg"):
+            assert main(["train", algo, "--env", "UnboundedPendulum-v0", "--logdir", logdir]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "unbounded action space" in err
+            assert "RescaleAction" in err
     finally:
         gym.registry.pop("UnboundedPendulum-v0")
     assert not Path(logdir).exists()  # nothing was written
@@ -369,7 +408,7 @@ class UnboundedPendulum(gym.Wrapper):
         self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_same_seed_same_run(algo, logdir):
     module, cfg = SETUPS[algo]
     first = module.train(replace(cfg, logdir=f"{logdir}/a"))
@@ -380,19 +419,19 @@ def test_same_seed_same_run(algo, logdir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_learns_pendulum(algo, logdir):
     """A short learning check: 64-64 networks, 8,000 steps (under a minute each); random
     actions score about -1,200 on Pendulum."""
-    cfg = {"sac": SACConfig, "td3": TD3Config}[algo](
+    cfg = {"sac": SACConfig, "td3": TD3Config, "ddpg": DDPGConfig}[algo](
         env_id="Pendulum-v1", total_timesteps=8_000, learning_starts=1_000, hidden=(64, 64),
         seed=1, logdir=logdir, device="cpu", progress=False, track_tensorboard=False,
     )  # fmt: skip
-    result = {"sac": sac, "td3": td3}[algo].train(cfg)
+    result = {"sac": sac, "td3": td3, "ddpg": ddpg}[algo].train(cfg)
     assert np.mean(result.episode_returns[-10:]) > -400
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_a_run_without_a_preset_names_where_its_defaults_come_from(algo, logdir, capsys):
     args = ["train", algo, "--env", "MountainCarContinuous-v0", "--total-timesteps", "50",
             "--learning-starts", "50", "--logdir", logdir, "--no-progress"]  # fmt: skip

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import torch
 
-from rlstore.algos import a2c, dqn, ppo, ppo_lstm, sac, td3
+from rlstore.algos import a2c, ddpg, dqn, ppo, ppo_lstm, sac, td3
 from rlstore.algos.a2c import A2CConfig
+from rlstore.algos.ddpg import DDPGConfig
 from rlstore.algos.dqn import DQNConfig
 from rlstore.algos.ppo import PPOConfig
 from rlstore.algos.sac import SACConfig
@@ -21,12 +22,13 @@ SETUPS = {
                            batch_size=32, target_network_frequency=200, n_step=3,
                            prioritized=True, num_envs=2, checkpoint_every=1000, **COMMON)),
 }  # fmt: skip
-# SAC and TD3 on Pendulum with two envs, truncated every 60 steps, small networks
+# SAC, TD3 and DDPG on Pendulum with two envs, truncated every 60 steps, small networks
 OFF_POLICY = dict(env_id="Pendulum-v1", total_timesteps=1200, learning_starts=300, num_envs=2,
                   buffer_size=600, batch_size=32, hidden=(32, 32), checkpoint_every=300,
                   **COMMON)  # fmt: skip
 SETUPS["sac"] = (sac, SACConfig(**OFF_POLICY))
 SETUPS["td3"] = (td3, TD3Config(**OFF_POLICY))
+SETUPS["ddpg"] = (ddpg, DDPGConfig(**OFF_POLICY))
 # recurrent PPO on a partially observable CartPole, small LSTMs, sequences of 16 steps
 SETUPS["ppo_lstm"] = (ppo_lstm, ppo_lstm.PPOLSTMConfig(
     env_id="CartPoleNoVel-v1", total_timesteps=6 * 128, num_steps=32, sequence_length=16,

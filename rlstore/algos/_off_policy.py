@@ -1,6 +1,7 @@
-"""What SAC and TD3 share: the config of an off-policy actor-critic for continuous actions,
-its replay buffer, the env check, the actions before learning starts, one vector step into
-the buffer, and the schedule of gradient steps."""
+"""What SAC, TD3 and DDPG share: the config of an off-policy actor-critic for continuous
+actions (and of a deterministic one, TD3's and DDPG's), its replay buffer, the env check,
+the actions before learning starts, one vector step into the buffer, and the schedule of
+gradient steps."""
 
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ import torch
 from torch import nn
 
 from rlstore.algos._shared import check_replay_fits
-from rlstore.config import Bound, CommonConfig, Count, Fraction, NonNegativeInt, Positive
+from rlstore.config import (
+    Bound,
+    CommonConfig,
+    Count,
+    Fraction,
+    NonNegative,
+    NonNegativeInt,
+    Positive,
+)
 from rlstore.errors import UsageError
 from rlstore.run import Run, resolve_device
 from rlstore.storage.replay import ReplayBuffer
@@ -69,6 +78,19 @@ class ContinuousOffPolicyConfig(CommonConfig):
                 f"--learning-starts {self.learning_starts} is larger than --total-timesteps "
                 f"{self.total_timesteps}: training would never start; lower it"
             )
+
+
+@dataclass
+class DeterministicOffPolicyConfig(ContinuousOffPolicyConfig):
+    """What TD3 and DDPG share: one learning rate, and a deterministic actor that explores
+    with Gaussian noise (defaults: CleanRL's td3_continuous_action.py and
+    ddpg_continuous_action.py, which agree)."""
+
+    learning_rate: Positive = 3e-4
+    """Adam learning rate of the actor and of the critics."""
+    exploration_noise: NonNegative = 0.1
+    """Std of the Gaussian noise added to the actor's actions while training, in units of
+    the action box's half-width."""
 
 
 def check_bounded_actions(envs: gym.vector.VectorEnv, env_id: str, algo: str) -> None:

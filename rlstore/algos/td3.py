@@ -7,6 +7,9 @@ train(): build, and the loop of act (uniformly random until learning_starts, the
 actor plus noise) -> store -> gradient steps (the critics at every one; the actor and the
 soft target updates at every policy_frequency-th) -> log; last, its registry entry
 (ALGORITHM).
+
+DDPG (ddpg.py) runs this same code with one critic and no target smoothing, which is all
+that tells CleanRL's ddpg_continuous_action.py from its td3_continuous_action.py.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -23,7 +27,7 @@ from torch.nn import functional as F
 
 from rlstore.algos import Algorithm
 from rlstore.algos._off_policy import (
-    ContinuousOffPolicyConfig,
+    DeterministicOffPolicyConfig,
     anneal_learning_rates,
     check_bounded_actions,
     explore,
@@ -33,62 +37,65 @@ from rlstore.algos._off_policy import (
     step_and_store,
 )
 from rlstore.algos._shared import update_target
-from rlstore.config import NonNegative, Positive
+from rlstore.config import NonNegative
 from rlstore.envs import make_training_envs
 from rlstore.networks import DeterministicActorCritic, policy_spec
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
+if TYPE_CHECKING:
+    from rlstore.algos.ddpg import DDPGConfig
+
 
 @dataclass
-class TD3Config(ContinuousOffPolicyConfig):
+class TD3Config(DeterministicOffPolicyConfig):
     """Twin Delayed DDPG (CleanRL's defaults)."""
 
-    learning_rate: Positive = 3e-4
-    """Adam learning rate of the actor and of the critics."""
-    exploration_noise: NonNegative = 0.1
-    """Std of the Gaussian noise added to the actor's actions while training, in units of
-    the action box's half-width."""
     policy_noise: NonNegative = 0.2
     """Std of the target policy smoothing noise, in units of the box's half-width."""
     noise_clip: NonNegative = 0.5
     """The smoothing noise is clipped to +-noise_clip (before scaling to the box)."""
+    critics: ClassVar[int] = 2  # DDPG has one
 
 
 def smoothed_target_action(
-    target: DeterministicActorCritic, next_obs: torch.Tensor, cfg: TD3Config
+    target: DeterministicActorCritic, next_obs: torch.Tensor, cfg: TD3Config | DDPGConfig
 ) -> torch.Tensor:
     """The target policy's action at s' plus clipped noise, clipped to the box:
-    clip(mu'(s') + clip(N(0, policy_noise), -noise_clip, noise_clip) * scale, low, high)."""
+    clip(mu'(s') + clip(N(0, policy_noise), -noise_clip, noise_clip) * scale, low, high);
+    mu'(s') itself without the noise (DDPG), which draws none."""
     action = target.deterministic_action(next_obs)
+    if cfg.policy_noise == 0:
+        return action
     noise = (torch.randn_like(action) * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
     bounds = target.bounds
     return torch.clamp(action + noise * bounds.scale, bounds.low, bounds.high)
 
 
 def critic_target(
-    target: DeterministicActorCritic, batch: ReplayBatch, cfg: TD3Config
+    target: DeterministicActorCritic, batch: ReplayBatch, cfg: TD3Config | DDPGConfig
 ) -> torch.Tensor:
     """r + gamma * (1 - terminated) * min(Q1', Q2')(s', a'), a' the smoothed target action
-    and Q' the target critics: a termination cuts the bootstrap, a truncation does not."""
+    and Q' the target critics (DDPG: Q1' alone, at a' = mu'(s')): a termination cuts the
+    bootstrap, a truncation does not."""
     with torch.no_grad():
         next_action = smoothed_target_action(target, batch.next_obs, cfg)
-        next_q1, next_q2 = target.critic(batch.next_obs.float(), next_action)
-        next_value = torch.min(next_q1, next_q2).masked_fill(batch.terminated, 0.0)
-        return batch.rewards + batch.discounts * next_value
+        next_q = target.critic(batch.next_obs.float(), next_action)
+        lowest = next_q[0] if len(next_q) == 1 else torch.min(*next_q)
+        return batch.rewards + batch.discounts * lowest.masked_fill(batch.terminated, 0.0)
 
 
 def critic_loss(
     agent: DeterministicActorCritic,
     target: DeterministicActorCritic,
     batch: ReplayBatch,
-    cfg: TD3Config,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Q1 loss, Q2 loss, Q1(s, a), Q2(s, a)) on a replay batch: the mean squared errors
-    against critic_target."""
+    cfg: TD3Config | DDPGConfig,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """((Q1 loss, Q2 loss), (Q1(s, a), Q2(s, a))) on a replay batch, or the same of Q1
+    alone (DDPG): the mean squared errors against critic_target."""
     q_target = critic_target(target, batch, cfg)
-    q1, q2 = agent.critic(batch.obs.float(), batch.actions)
-    return F.mse_loss(q1, q_target), F.mse_loss(q2, q_target), q1.detach(), q2.detach()
+    q = agent.critic(batch.obs.float(), batch.actions)
+    return tuple(F.mse_loss(qi, q_target) for qi in q), tuple(qi.detach() for qi in q)
 
 
 def actor_loss(agent: DeterministicActorCritic, obs: torch.Tensor) -> torch.Tensor:
@@ -104,19 +111,20 @@ def gradient_step(
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer,
     buffer: ReplayBuffer,
-    cfg: TD3Config,
+    cfg: TD3Config | DDPGConfig,
 ) -> dict[str, torch.Tensor]:
     """Gradient step `number` (1, 2, ...): the critics on a replay batch; at every
     policy_frequency-th, the actor on that batch and the soft update of every target
     network. Returns what it logs, as tensors (read only when logged)."""
     batch = buffer.sample(cfg.batch_size)
-    q1_loss, q2_loss, q1, q2 = critic_loss(agent, target, batch, cfg)
+    losses, q = critic_loss(agent, target, batch, cfg)
+    total = sum(losses)
     critic_optimizer.zero_grad(set_to_none=True)
-    (q1_loss + q2_loss).backward()
+    total.backward()
     critic_optimizer.step()
-    logged = {"losses/qf1_loss": q1_loss.detach(), "losses/qf2_loss": q2_loss.detach(),
-              "losses/qf_loss": (q1_loss + q2_loss).detach() / 2.0,
-              "losses/qf1_values": q1.mean(), "losses/qf2_values": q2.mean()}  # fmt: skip
+    logged = {"losses/qf_loss": total.detach() / len(losses)}
+    for i, (loss, qi) in enumerate(zip(losses, q, strict=True), start=1):
+        logged |= {f"losses/qf{i}_loss": loss.detach(), f"losses/qf{i}_values": qi.mean()}
     if number % cfg.policy_frequency == 0:
         with frozen(agent.critic):
             loss = actor_loss(agent, batch.obs)
@@ -129,25 +137,28 @@ def gradient_step(
 
 
 def train(
-    cfg: TD3Config,
+    cfg: TD3Config | DDPGConfig,
     preset: Path | None = None,
     resume: Path | None = None,
     callbacks: Sequence[Callback] = (),
+    algorithm: Algorithm | None = None,
 ) -> TrainResult:
     """Train TD3 as configured, or continue the run in `resume` from its newest checkpoint;
-    `callbacks` see the run after every vector step (rlstore.run.Callback).
+    `callbacks` see the run after every vector step (rlstore.run.Callback). `algorithm`:
+    the one whose run this is (TD3's, or DDPG's with a DDPGConfig).
 
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
+    algorithm = algorithm or ALGORITHM
+    run = Run(cfg, algorithm.name, preset, resume, callbacks)
     device = run.device
-    envs = make_training_envs(cfg, ALGORITHM)
-    check_bounded_actions(envs, cfg.env_id, ALGORITHM.name)
+    envs = make_training_envs(cfg, algorithm)
+    check_bounded_actions(envs, cfg.env_id, algorithm.name)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     obs_dim = int(np.prod(obs_space.shape))
     agent = DeterministicActorCritic(obs_dim, action_space.low, action_space.high, cfg.hidden,
-                                     cfg.exploration_noise).to(device)  # fmt: skip
+                                     cfg.exploration_noise, cfg.critics).to(device)  # fmt: skip
     target = copy.deepcopy(agent)  # the target actor and the target critics
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=cfg.learning_rate, fused=True)
     critic_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate,

@@ -1,0 +1,58 @@
+"""DDPG (Lillicrap et al. 2016), as CleanRL's ddpg_continuous_action.py: a deterministic
+actor with Gaussian exploration noise, one Q critic, target copies of both, and the actor
+and target updates at every policy_frequency-th gradient step.
+
+CleanRL's DDPG is its TD3 less two things: one critic instead of twins (the target takes
+Q1' itself, not a minimum) and no target policy smoothing. So DDPG is TD3's code
+(td3.py: losses, gradient step, loop) run with those two settings; this file holds only
+its config and its registry entry (ALGORITHM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from gymnasium import spaces
+
+from rlstore.algos import Algorithm, td3
+from rlstore.algos._off_policy import DeterministicOffPolicyConfig
+from rlstore.networks import DeterministicActorCritic
+from rlstore.run import Callback, TrainResult
+
+
+@dataclass
+class DDPGConfig(DeterministicOffPolicyConfig):
+    """Deep Deterministic Policy Gradient (CleanRL's defaults, which are TD3's)."""
+
+    critics: ClassVar[int] = 1
+    policy_noise: ClassVar[float] = 0.0  # no target policy smoothing
+    noise_clip: ClassVar[float] = 0.0
+
+
+def train(
+    cfg: DDPGConfig,
+    preset: Path | None = None,
+    resume: Path | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> TrainResult:
+    """Train DDPG as configured, or continue the run in `resume` from its newest checkpoint;
+    `callbacks` see the run after every vector step (rlstore.run.Callback).
+
+    Returns the run's result (run dir, episode returns, model).
+    """
+    return td3.train(cfg, preset, resume, callbacks, algorithm=ALGORITHM)
+
+
+ALGORITHM = Algorithm(
+    name="ddpg",
+    summary="Deep Deterministic Policy Gradient: one Q critic, no target smoothing "
+    "(continuous actions)",
+    config=DDPGConfig,
+    train=train,
+    action_spaces=(spaces.Box,),
+    defaults="CleanRL's ddpg_continuous_action.py",
+    networks=(DeterministicActorCritic,),
+)
