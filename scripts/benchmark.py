@@ -41,11 +41,13 @@ LSTM of 256 for the actor and one for the critic, 64-64 tanh heads, lr and clip 
 observation and reward normalization) against sb3-contrib's RecurrentPPO with
 MlpLstmPolicy at the same settings and VecNormalize, from --lstm-steps steps. No floor.
 
---algos sac td3 --env HalfCheetah-v4: SAC and TD3 at CleanRL's defaults (batch 256,
-256-256 networks, buffer 1M, tau 0.005, gamma 0.99, policy delay 2; SAC's entropy
-coefficient tuned; TD3's exploration noise 0.1, target noise 0.2 clipped at 0.5), SB3's SAC
-and TD3 at the same settings (SB3's SAC updates its actor at every step, CleanRL's twice at
-every second: the same count), both learning from step --offpolicy-starts. Their floor is
+--algos sac td3 ddpg --env HalfCheetah-v4: SAC, TD3 and DDPG at CleanRL's defaults (batch
+256, 256-256 networks, buffer 1M, tau 0.005, gamma 0.99, policy delay 2; SAC's entropy
+coefficient tuned; TD3's exploration noise 0.1, target noise 0.2 clipped at 0.5; DDPG's
+noise 0.1, one critic, no target noise), SB3's SAC and TD3 at the same settings (SB3's SAC
+updates its actor at every step, CleanRL's twice at every second: the same count; for DDPG,
+SB3's TD3 with one critic, no target noise and CleanRL's delay of 2, since SB3's DDPG fixes
+its delay at 1), both learning from step --offpolicy-starts. Their floor is
 the update's arithmetic: the FLOPs of one gradient step's matrix products at this
 machine's measured matrix-product rate (torch, the run's threads), as env steps/s.
 
@@ -170,7 +172,7 @@ def child_sb3(
     # and the value, value coef 0.5, max grad norm 0.5, a linearly annealed learning rate.
     ppo_common = dict(gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
                       vf_coef=0.5, max_grad_norm=0.5, seed=seed, device=device)  # fmt: skip
-    if algo in OFF_POLICY:  # CleanRL's defaults, as rlstore's SAC and TD3
+    if algo in OFF_POLICY:  # CleanRL's defaults, as rlstore's SAC, TD3 and DDPG
         import numpy as np
         from stable_baselines3.common.noise import NormalActionNoise
 
@@ -183,9 +185,12 @@ def child_sb3(
         else:
             scale = (envs.action_space.high - envs.action_space.low) / 2
             noise = NormalActionNoise(np.zeros_like(scale), 0.1 * scale)
+            smoothing = dict(target_policy_noise=0.2, target_noise_clip=0.5)
+            if algo == "ddpg":  # CleanRL's DDPG: TD3 with one critic and no smoothing
+                smoothing = dict(target_policy_noise=0.0, target_noise_clip=0.0)
+                common["policy_kwargs"] = {**common["policy_kwargs"], "n_critics": 1}
             model = TD3("MlpPolicy", envs, learning_rate=3e-4, action_noise=noise,
-                        policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
-                        **common)  # fmt: skip
+                        policy_delay=2, **smoothing, **common)  # fmt: skip
     elif algo == "ppo_lstm":
         model = sb3_recurrent_ppo(env, seed, device)
     elif is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
@@ -366,7 +371,7 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     }
 
 
-OFF_POLICY = ("sac", "td3")
+OFF_POLICY = ("sac", "td3", "ddpg")
 
 
 def mlp_macs(dims: list[int]) -> tuple[int, int]:
@@ -382,8 +387,9 @@ def offpolicy_step_flops(algo: str, obs_dim: int, action_dim: int, hidden=(256, 
     actor_out = 2 * action_dim if algo == "sac" else action_dim
     actor, actor_first = mlp_macs([obs_dim, *hidden, actor_out])
     q, q_first = mlp_macs([obs_dim + action_dim, *hidden, 1])
-    target = actor + 2 * q  # the target action at s', both target critics
-    critics = 2 * (q + q + (q - q_first))  # forward, weight and input gradients
+    count = 1 if algo == "ddpg" else 2  # critics
+    target = actor + count * q  # the target action at s', the target critics
+    critics = count * (q + q + (q - q_first))  # forward, weight and input gradients
     if algo == "sac":  # per gradient step: one actor step and one entropy pass on average
         actor_step = actor + 2 * q + 2 * q + actor + (actor - actor_first)
         macs = target + critics + actor_step + actor
@@ -559,15 +565,15 @@ def main() -> None:
         "--algos",
         nargs="+",
         default=["ppo", "a2c", "dqn"],
-        choices=["ppo", "a2c", "dqn", "sac", "td3", "ppo_lstm"],
+        choices=["ppo", "a2c", "dqn", "sac", "td3", "ddpg", "ppo_lstm"],
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=250_000)
     parser.add_argument("--dqn-steps", type=int, default=300_000)
     parser.add_argument("--lstm-steps", type=int, default=10_000, help="ppo_lstm")
-    parser.add_argument("--offpolicy-steps", type=int, default=6_000, help="SAC and TD3")
+    parser.add_argument("--offpolicy-steps", type=int, default=6_000, help="SAC, TD3, DDPG")
     parser.add_argument(
-        "--offpolicy-starts", type=int, default=1_000, help="SAC and TD3's learning_starts"
+        "--offpolicy-starts", type=int, default=1_000, help="SAC's, TD3's, DDPG's learning_starts"
     )
     parser.add_argument(
         "--out",
@@ -575,7 +581,7 @@ def main() -> None:
     )
     parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
     parser.add_argument(
-        "--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "td3"]
+        "--parallel-algo", default="ppo", choices=["ppo", "a2c", "dqn", "sac", "td3", "ddpg"]
     )
     parser.add_argument("--parallel-steps", type=int, default=50_000)
     parser.add_argument("--parallel-env", default="CartPole-v1", help="the env of --parallel")
@@ -613,7 +619,7 @@ def main() -> None:
         if args.env == "CartPole-v1":  # the fully observed env needs no memory
             args.env = "CartPoleNoVel-v1"
     if offpolicy and (offpolicy != args.algos or args.env == "CartPole-v1"):
-        parser.error("--algos sac td3 go alone, with a continuous-action --env")
+        parser.error("--algos sac td3 ddpg go alone, with a continuous-action --env")
     if args.ppo_envs and args.env != "CartPole-v1" and not is_atari_id(args.env):
         parser.error("--ppo-envs applies to CartPole-v1 and Atari ids")
     default_envs = 4 if args.env == "CartPole-v1" else resolve("ppo", args.env)[0].num_envs
@@ -631,8 +637,9 @@ def main() -> None:
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
     runs = []
     for algo in args.algos:
-        steps = {"dqn": args.dqn_steps, "sac": args.offpolicy_steps, "td3": args.offpolicy_steps,
-                 "ppo_lstm": args.lstm_steps}.get(algo, args.ppo_steps)  # fmt: skip
+        steps = {"dqn": args.dqn_steps, "ppo_lstm": args.lstm_steps,
+                 **dict.fromkeys(OFF_POLICY, args.offpolicy_steps)}  # fmt: skip
+        steps = steps.get(algo, args.ppo_steps)
         for seed in args.seeds:
             for trainer in trainers:  # alternate, so machine noise hits both
                 spec = dict(
@@ -756,13 +763,14 @@ def main() -> None:
 
 
 def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) -> None:
-    """The SAC and TD3 report: the runs, the ratios to SB3, and each algorithm's steps/s as
-    a fraction of its update's floor at the threads the runs used."""
+    """The SAC, TD3 and DDPG report: the runs, the ratios to SB3, and each algorithm's
+    steps/s as a fraction of its update's floor at the threads the runs used."""
     threads = 1 if not args.default_threads else available_threads()
     floors = {a: launch(kind="offpolicy_floor", algo=a, env=args.env, threads=threads)
               for a in args.algos}  # fmt: skip
+    names = " and ".join(a.upper() for a in args.algos)
     lines = [
-        f"# Benchmark: rlstore vs stable-baselines3, SAC and TD3 on {args.env}",
+        f"# Benchmark: rlstore vs stable-baselines3, {names} on {args.env}",
         "",
         f"`python scripts/benchmark.py --algos {' '.join(args.algos)} --env {args.env} "
         f"--seeds {' '.join(map(str, args.seeds))} --offpolicy-steps {args.offpolicy_steps} "

@@ -29,3 +29,24 @@ def test_children_get_the_environment_the_script_started_with():
                             text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["unset"]
+
+
+def test_the_offpolicy_floor_counts_each_algorithms_matrix_products_by_hand():
+    """One gradient step's multiply-adds, 3-d observations, 1-d actions, 4-4 networks,
+    batch 1, the actor at every 2nd step. Actor 3-4-4-1: 12 + 16 + 4 = 32 (first layer 12);
+    SAC's 3-4-4-2: 36; a critic 4-4-4-1: 36 (first layer 16)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    # target (actor + critics at s') + critics (forward, weight and input gradients but
+    # the first layer's) + the actor step (actor, critic, critic's input gradient, actor's
+    # weight and input gradients but the first layer's) / 2
+    td3 = (32 + 2 * 36) + 2 * (36 + 36 + 20) + (32 + 36 + 36 + 32 + 20) / 2
+    ddpg = (32 + 36) + (36 + 36 + 20) + (32 + 36 + 36 + 32 + 20) / 2  # one critic
+    # SAC: its actor step goes through both critics, every step, plus the entropy pass
+    sac = (36 + 2 * 36) + 2 * (36 + 36 + 20) + (36 + 72 + 72 + 36 + 24) + 36
+    for algo, macs in (("td3", td3), ("ddpg", ddpg), ("sac", sac)):
+        flops = benchmark.offpolicy_step_flops(algo, 3, 1, hidden=(4, 4), batch=1)
+        assert flops == 2 * macs, algo
