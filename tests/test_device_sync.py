@@ -123,16 +123,17 @@ def dqn_steps(device, watch, tmp_path, monkeypatch):
 
 
 def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
-    """SAC's or TD3's acting, storing, gradient steps (the actor's included) and target
-    updates, on real Pendulum envs."""
-    from rlstore.algos import sac, td3
+    """SAC's, TD3's or DDPG's acting, storing, gradient steps (the actor's included) and
+    target updates, on real Pendulum envs."""
+    from rlstore.algos import ddpg, sac, td3
     from rlstore.envs import make_vec_env
     from rlstore.networks import DeterministicActorCritic, SquashedGaussianActorCritic
 
     envs = make_vec_env("Pendulum-v1", N, seed=1)
     space = envs.single_action_space
     network = SquashedGaussianActorCritic if algo == "sac" else DeterministicActorCritic
-    agent = network(3, space.low, space.high, (16, 16)).to(device)
+    critics = {"critics": 1} if algo == "ddpg" else {}
+    agent = network(3, space.low, space.high, (16, 16), **critics).to(device)
     buffer = ReplayBuffer(100, N, (3,), torch.float32, action_shape=(1,),
                           action_dtype=torch.float32, device=device, seed=1)  # fmt: skip
     obs, _ = envs.reset(seed=1)
@@ -152,7 +153,8 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
             for number in (1, 2):  # the second with the actor and the entropy steps
                 sac.gradient_step(number, agent, target, entropy, optimizers, buffer, cfg, -1.0)
         else:
-            cfg, target = td3.TD3Config(batch_size=32), copy.deepcopy(agent)
+            config = ddpg.DDPGConfig if algo == "ddpg" else td3.TD3Config
+            cfg, target = config(batch_size=32), copy.deepcopy(agent)
             actor_opt = optimizer_for(agent.actor, device, monkeypatch)
             critic_opt = optimizer_for(agent.critic, device, monkeypatch)
             for number in (1, 2):
@@ -196,7 +198,7 @@ def test_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
     assert 0 < len(env_boundary) <= steps
 
 
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_offpolicy_loop_reads_the_device_only_at_the_env_boundary(
     algo, env_boundary, tmp_path, monkeypatch
 ):
@@ -207,7 +209,7 @@ def test_offpolicy_loop_reads_the_device_only_at_the_env_boundary(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_offpolicy_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
     algo, env_boundary, tmp_path, monkeypatch
 ):
