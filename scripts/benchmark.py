@@ -374,34 +374,58 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
 OFF_POLICY = ("sac", "td3", "ddpg")
 
 
-def mlp_macs(dims: list[int]) -> tuple[int, int]:
-    """(multiply-adds per sample of an MLP's forward pass, of its first layer)."""
-    return sum(a * b for a, b in zip(dims, dims[1:], strict=False)), dims[0] * dims[1]
+def offpolicy_step_products(
+    algo: str, obs_dim: int, action_dim: int, hidden=(256, 256), batch: int = 256,
+    policy_frequency: int = 2,
+) -> list[tuple[int, int, int, float]]:  # fmt: skip
+    """The matrix products of one gradient step as CleanRL's algorithm computes them, each
+    (m, k, n, how many per gradient step, averaged over the policy delay): forward passes,
+    weight gradients, and input gradients where the backward pass needs them (not into
+    the data)."""
+
+    def forward(dims):
+        return [(batch, a, b) for a, b in zip(dims, dims[1:], strict=False)]
+
+    def backward(dims, weights=True, into_input=False):
+        out = []
+        for i, (a, b) in enumerate(zip(dims, dims[1:], strict=False)):
+            if weights:
+                out.append((a, batch, b))  # dW = X^T dY
+            if i > 0 or into_input:
+                out.append((batch, b, a))  # dX = dY W
+        return out
+
+    actor = [obs_dim, *hidden, 2 * action_dim if algo == "sac" else action_dim]
+    q = [obs_dim + action_dim, *hidden, 1]
+    count = 1 if algo == "ddpg" else 2  # critics
+    every_step = forward(actor) + count * forward(q)  # the target action at s', target critics
+    every_step += count * (forward(q) + backward(q))  # the critics' step
+    if algo == "sac":  # per gradient step, one actor step through both critics on average,
+        # and the entropy coefficient's actor pass
+        every_step += (
+            forward(actor) + 2 * forward(q) + 2 * backward(q, weights=False, into_input=True)
+        )
+        every_step += backward(actor) + forward(actor)
+        delayed = []
+    else:  # the actor through Q1, every policy_frequency-th step
+        delayed = forward(actor) + forward(q) + backward(q, weights=False, into_input=True)
+        delayed += backward(actor)
+    return [(*p, 1.0) for p in every_step] + [(*p, 1.0 / policy_frequency) for p in delayed]
 
 
 def offpolicy_step_flops(algo: str, obs_dim: int, action_dim: int, hidden=(256, 256),
                          batch: int = 256, policy_frequency: int = 2) -> float:  # fmt: skip
-    """FLOPs of the matrix products of one gradient step, as CleanRL's algorithm computes
-    them (averaged over the policy delay): forward passes, weight gradients, and input
-    gradients where the backward pass needs them (not into the data)."""
-    actor_out = 2 * action_dim if algo == "sac" else action_dim
-    actor, actor_first = mlp_macs([obs_dim, *hidden, actor_out])
-    q, q_first = mlp_macs([obs_dim + action_dim, *hidden, 1])
-    count = 1 if algo == "ddpg" else 2  # critics
-    target = actor + count * q  # the target action at s', the target critics
-    critics = count * (q + q + (q - q_first))  # forward, weight and input gradients
-    if algo == "sac":  # per gradient step: one actor step and one entropy pass on average
-        actor_step = actor + 2 * q + 2 * q + actor + (actor - actor_first)
-        macs = target + critics + actor_step + actor
-    else:  # the actor through Q1, every policy_frequency-th step
-        actor_step = actor + q + q + actor + (actor - actor_first)
-        macs = target + critics + actor_step / policy_frequency
-    return 2.0 * macs * batch
+    """FLOPs of the matrix products of one gradient step (offpolicy_step_products)."""
+    products = offpolicy_step_products(algo, obs_dim, action_dim, hidden, batch,
+                                       policy_frequency)  # fmt: skip
+    return sum(2.0 * m * k * n * times for m, k, n, times in products)
 
 
 def child_offpolicy_floor(algo: str, env: str, threads: int) -> dict:
     """The update's floor: one gradient step's FLOPs at the measured rate of torch's
-    256 x 256 x 256 matrix product with `threads` threads."""
+    256 x 256 x 256 matrix product with `threads` threads; and the time of the step's own
+    products run bare, one after another (no autograd, no other ops), which is as close to
+    the floor as a step made of separate products can come."""
     import gymnasium as gym
     import numpy as np
     import torch
@@ -411,18 +435,34 @@ def child_offpolicy_floor(algo: str, env: str, threads: int) -> dict:
     obs_dim = int(np.prod(probe.observation_space.shape))
     action_dim = int(np.prod(probe.action_space.shape))
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    for _ in range(50):
+    products = offpolicy_step_products(algo, obs_dim, action_dim)
+    groups = {}  # how many per gradient step -> the operands of those products
+    for m, k, n, times in products:
+        groups.setdefault(times, []).append((torch.randn(m, k), torch.randn(k, n)))
+
+    for _ in range(50):  # warm up
         a @ b
-    seconds = []
-    for _ in range(5):
+        for x, y in (pair for operands in groups.values() for pair in operands):
+            x @ y
+    cube_s, bare_s = [], []
+    for _ in range(5):  # alternating, so that machine noise hits both
         start = time.perf_counter()
         for _ in range(400):
             a @ b
-        seconds.append((time.perf_counter() - start) / 400)
-    rate = 2 * 256**3 / statistics.median(seconds)
+        cube_s.append((time.perf_counter() - start) / 400)
+        seconds = 0.0
+        for times, operands in groups.items():
+            start = time.perf_counter()
+            for _ in range(20):
+                for x, y in operands:
+                    x @ y
+            seconds += times * (time.perf_counter() - start) / 20
+        bare_s.append(seconds)
+    rate = 2 * 256**3 / statistics.median(cube_s)
     flops = offpolicy_step_flops(algo, obs_dim, action_dim)
     return {"algo": algo, "threads": threads, "gflops_per_s": rate / 1e9,
-            "step_gflop": flops / 1e9, "floor_sps": rate / flops}  # fmt: skip
+            "step_gflop": flops / 1e9, "floor_sps": rate / flops,
+            "bare_products_sps": 1.0 / statistics.median(bare_s)}  # fmt: skip
 
 
 def child_main(spec: dict) -> None:
@@ -813,6 +853,8 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
             f"{floor['floor_sps']:,.0f} gradient steps/s, {floor_run_sps:,.0f} steps/s for "
             f"this run; rlstore at {ours / floor_run_sps:.0%} of it"
             + (f", SB3 at {med['sb3'] / floor_run_sps:.0%}" if "sb3" in med else "")
+            + f"; the step's bare products alone at "
+            f"{floor['bare_products_sps'] / floor['floor_sps']:.0%}"
         )
     text = "\n".join(lines) + "\n"
     print("\n" + text)
