@@ -808,7 +808,8 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
     threads = 1 if not args.default_threads else available_threads()
     floors = {a: launch(kind="offpolicy_floor", algo=a, env=args.env, threads=threads)
               for a in args.algos}  # fmt: skip
-    names = " and ".join(a.upper() for a in args.algos)
+    names = [a.upper() for a in args.algos]
+    names = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
     lines = [
         f"# Benchmark: rlstore vs stable-baselines3, {names} on {args.env}",
         "",
