@@ -399,6 +399,10 @@ def test_discrete_and_unbounded_action_spaces_are_refused_in_one_line(logdir, ca
             assert "RescaleAction" in err
     finally:
         gym.registry.pop("UnboundedPendulum-v0")
+    # DDPG has no target smoothing to set: TD3's options for it are not DDPG's
+    args = ["train", "ddpg", "--env", "Pendulum-v1", "--policy-noise", "0.2", "--logdir", logdir]
+    assert main(args) == 2
+    assert "unknown option --policy-noise" in capsys.readouterr().err
     assert not Path(logdir).exists()  # nothing was written
 
 
