@@ -370,6 +370,15 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
 # -- the command ------------------------------------------------------------------------------
 
 
+def run_order(rows: Sequence[Row], out_dir: Path) -> list[RunSpec]:
+    """Every run of the rows, in the order they start: every row's first seed, then every
+    row's second, and so on. A suite stopped partway (hours-long rows on a small machine)
+    has then seen every row, not some rows' every seed."""
+    per_row = [row.specs(out_dir) for row in rows]
+    return [specs[i] for i in range(max(map(len, per_row), default=0))
+            for specs in per_row if i < len(specs)]  # fmt: skip
+
+
 def benchmark(
     suite_arg: str,
     out: str | None = None,
@@ -396,7 +405,7 @@ def benchmark(
         suite.rows = [row for row in suite.rows if row.env in envs]
     out_dir = Path(out or Path("benchmarks") / suite.name).resolve()
     preflight(suite.rows)
-    specs = [spec for row in suite.rows for spec in row.specs(out_dir)]
+    specs = run_order(suite.rows, out_dir)
     states = [spec.state()[0] for spec in specs]
     todo = [spec for spec, state in zip(specs, states, strict=True) if state != "done"]
     if address is None:

@@ -23,6 +23,7 @@ from rlstore.suite import (
     preflight,
     results_markdown,
     row_result,
+    run_order,
     run_result,
 )
 
@@ -222,6 +223,17 @@ def test_env_runs_only_those_rows_and_the_whole_suite_reads_them_back(tmp_path, 
     err = capsys.readouterr().err
     assert "has no row on --env Pendulum-v1; its envs: CartPole-v1, Acrobot-v1" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_runs_start_seed_by_seed_across_the_rows(tmp_path):
+    """Every row's first seed before any row's second: a suite stopped partway has seen
+    every row (rows of 3, 1 and 2 seeds)."""
+    rows = [Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3]),
+            Row("td3", "td3", "Hopper-v4", 1000, [3]),
+            Row("ppo", "ppo", "CartPole-v1", 1000, [1, 2])]  # fmt: skip
+    order = [(spec.algo, spec.seed) for spec in run_order(rows, tmp_path)]
+    assert order == [("sac", 1), ("td3", 3), ("ppo", 1), ("sac", 2), ("ppo", 2), ("sac", 3)]
+    assert run_order([], tmp_path) == []
 
 
 def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
