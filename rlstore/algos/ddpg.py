@@ -32,17 +32,9 @@ class DDPGConfig(DeterministicOffPolicyConfig):
     noise_clip: ClassVar[float] = 0.0
 
 
-def train(
-    cfg: DDPGConfig,
-    preset: Path | None = None,
-    resume: Path | None = None,
-    callbacks: Sequence[Callback] = (),
-) -> TrainResult:
-    """Train DDPG as configured, or continue the run in `resume` from its newest checkpoint;
-    `callbacks` see the run after every vector step (rlstore.run.Callback).
-
-    Returns the run's result (run dir, episode returns, model).
-    """
+def train(cfg: DDPGConfig, preset: Path | None = None, resume: Path | None = None,
+          callbacks: Sequence[Callback] = ()) -> TrainResult:  # fmt: skip
+    """td3.train (its arguments and result), with DDPG's name on the run."""
     return td3.train(cfg, preset, resume, callbacks, algorithm=ALGORITHM)
 
 
