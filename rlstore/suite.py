@@ -379,6 +379,19 @@ def run_order(rows: Sequence[Row], out_dir: Path) -> list[RunSpec]:
             for specs in per_row if i < len(specs)]  # fmt: skip
 
 
+def still_to_run(specs: Sequence[RunSpec], states: Sequence[str]) -> list[RunSpec]:
+    """The runs not done, those begun first (interrupted, or finished short of the steps
+    asked now), then the new, each in `specs`' order: a suite resumed finishes the hours
+    its runs have already spent before it starts others."""
+    begun = [
+        spec
+        for spec, state in zip(specs, states, strict=True)
+        if state in ("interrupted", "extend")
+    ]
+    new = [spec for spec, state in zip(specs, states, strict=True) if state == "new"]
+    return begun + new
+
+
 def benchmark(
     suite_arg: str,
     out: str | None = None,
@@ -407,7 +420,7 @@ def benchmark(
     preflight(suite.rows)
     specs = run_order(suite.rows, out_dir)
     states = [spec.state()[0] for spec in specs]
-    todo = [spec for spec, state in zip(specs, states, strict=True) if state != "done"]
+    todo = still_to_run(specs, states)
     if address is None:
         executor = LocalExecutor(workers)
     else:

@@ -25,6 +25,7 @@ from rlstore.suite import (
     row_result,
     run_order,
     run_result,
+    still_to_run,
 )
 
 TINY = """
@@ -234,6 +235,15 @@ def test_runs_start_seed_by_seed_across_the_rows(tmp_path):
     order = [(spec.algo, spec.seed) for spec in run_order(rows, tmp_path)]
     assert order == [("sac", 1), ("td3", 3), ("ppo", 1), ("sac", 2), ("ppo", 2), ("sac", 3)]
     assert run_order([], tmp_path) == []
+
+
+def test_runs_begun_start_before_new_ones(tmp_path):
+    """A suite resumed with two workers starts its interrupted runs first (here the third
+    and fifth of the order), not the first two runs of the order."""
+    specs = run_order([Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3, 4, 5, 6])], tmp_path)
+    states = ["done", "new", "interrupted", "new", "extend", "done"]
+    assert [s.seed for s in still_to_run(specs, states)] == [3, 5, 2, 4]
+    assert still_to_run(specs[:2], ["done", "done"]) == []
 
 
 def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
