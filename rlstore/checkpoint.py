@@ -230,8 +230,9 @@ def _tuples(x: Any) -> Any:
 
 # -- environment state -------------------------------------------------------------------------
 
-# Envs whose whole state is plain attributes (numbers, arrays, generators): these resume
-# exactly. Others (Box2D, MuJoCo, Atari, async workers) resume with freshly reset envs.
+# Envs whose whole state is plain attributes (numbers, arrays, generators), and Gymnasium's
+# MuJoCo envs (plain attributes and their MjData): these resume exactly. Others (Box2D,
+# Atari, async workers) resume with freshly reset envs.
 SAVEABLE_ENVS = (
     "CartPoleEnv",
     "CartPoleVectorEnv",
@@ -243,6 +244,14 @@ SAVEABLE_ENVS = (
     "PendulumNoVelEnv",
 )
 _SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens", "env_fns"}
+# The base layer's MjData, whole: after a step its derived quantities (body positions,
+# contact forces) are those of the step's last substep, and Ant's and Humanoid's rewards
+# read them before the next, so qpos and qvel alone do not continue the episode exactly.
+_MJDATA, _MUJOCO_VERSION = "__mjdata__", "__mujoco_version__"
+
+
+def _is_mujoco(env: gym.Env) -> bool:
+    return type(env).__module__.startswith("gymnasium.envs.mujoco.") and hasattr(env, "data")
 
 
 def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
@@ -259,6 +268,18 @@ def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
     return {"vector": _attributes(envs), "envs": []}
 
 
+def env_state_loads(state: dict[str, Any]) -> bool:
+    """Whether `state` can be restored here: MuJoCo's data can only by the MuJoCo version
+    that saved it."""
+    versions = {layer[_MUJOCO_VERSION] for chain in state["envs"] for layer in chain
+                if _MUJOCO_VERSION in layer}  # fmt: skip
+    if not versions:
+        return True
+    import mujoco
+
+    return versions == {mujoco.__version__}
+
+
 # Format 1 checkpoints saved LeanSyncVectorEnv when it was a SyncVectorEnv subclass.
 _RENAMED = {
     f"_{name}": name for name in ("observations", "rewards", "terminations", "truncations")
@@ -266,6 +287,7 @@ _RENAMED = {
 
 
 def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
+    """Restore what env_state saved (see env_state_loads first)."""
     vector = state["vector"]
     if isinstance(envs, LeanSyncVectorEnv):
         vector = {_RENAMED.get(k, k): v for k, v in vector.items() if k != "_env_obs"}
@@ -274,19 +296,38 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
         for env, chain in zip(envs.envs, state["envs"], strict=True):
             layer = env
             for attributes in chain:
-                _restore(layer, attributes)
+                if _MJDATA in attributes:
+                    _restore_mjdata(layer, attributes[_MJDATA])
+                _restore(layer, {k: v for k, v in attributes.items()
+                                 if k not in (_MJDATA, _MUJOCO_VERSION)})  # fmt: skip
                 layer = getattr(layer, "env", None)
 
 
 def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:
     """Attributes of each wrapper layer down to the base env, or None if not saveable."""
-    if type(env.unwrapped).__name__ not in SAVEABLE_ENVS:
+    base = env.unwrapped
+    if type(base).__name__ not in SAVEABLE_ENVS and not _is_mujoco(base):
         return None
     chain, layer = [], env
     while layer is not None:
         chain.append(_attributes(layer))
         layer = getattr(layer, "env", None) if isinstance(layer, gym.Wrapper) else None
+    if _is_mujoco(base):
+        import mujoco
+
+        blob = bytearray(base.data.__getstate__())  # MjData's own pickled form
+        chain[-1] |= {_MJDATA: torch.frombuffer(blob, dtype=torch.uint8),
+                      _MUJOCO_VERSION: mujoco.__version__}  # fmt: skip
     return chain
+
+
+def _restore_mjdata(env: gym.Env, blob: torch.Tensor) -> None:
+    """Copy the saved MjData into the env's own (which its model and renderer hold)."""
+    import mujoco
+
+    saved = mujoco.MjData.__new__(mujoco.MjData)
+    saved.__setstate__(blob.numpy().tobytes())
+    mujoco.mj_copyData(env.data, env.model, saved)
 
 
 def _attributes(obj: Any) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from rlstore.checkpoint import (
     checkpoint_files,
     checkpoint_path,
     env_state,
+    env_state_loads,
     load_env_state,
     read_newest_checkpoint,
     rng_state,
@@ -404,13 +405,14 @@ class TrainingState:
         self.policy.load_state_dict(state["model"])
         for name, part in self.parts.items():
             part.load_state_dict(state[name])
-        if state["envs"] is not None:
+        name = self.envs.spec.id if self.envs.spec else "this env"
+        if state["envs"] is not None and env_state_loads(state["envs"]):
             load_env_state(self.envs, state["envs"])
             if "obs" in state:
                 self.obs = state["obs"].numpy()
             return True
-        name = self.envs.spec.id if self.envs.spec else "this env"
-        print(f"rlstore: {name} cannot be saved; resuming with freshly reset envs", file=sys.stderr)
+        why = "cannot be saved" if state["envs"] is None else "was saved by another MuJoCo version"
+        print(f"rlstore: {name} {why}; resuming with freshly reset envs", file=sys.stderr)
         obs, _ = self.envs.reset(seed=seed)
         if self.obs is not None:
             self.obs = obs

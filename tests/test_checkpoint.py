@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from extras import needs
 from tiny_runs import SETUPS, Watch, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
@@ -197,6 +198,54 @@ def test_env_state_round_trip_is_exact():
         for a, b in zip(first, second):
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)
+
+
+@needs("mujoco", "mujoco")
+def test_mujoco_env_state_round_trip_is_exact():
+    """Ant's reward reads body positions that the last substep computed (not only qpos and
+    qvel): the whole MjData must come back. Truncated every 20 steps, Ant also terminates."""
+    for env_id in ["HalfCheetah-v4", "Ant-v4"]:
+        envs = make_vec_env(env_id, 2, seed=0, vectorization="sync", max_episode_steps=20)
+        envs.reset(seed=0)
+        for _ in range(25):
+            envs.step(envs.action_space.sample())
+        state = env_state(envs)
+        first = [envs.step(envs.action_space.sample())[:4] for _ in range(50)]
+        other = make_vec_env(env_id, 2, seed=9, vectorization="sync", max_episode_steps=20)
+        other.reset(seed=9)
+        load_env_state(other, state)
+        second = [other.step(other.action_space.sample())[:4] for _ in range(50)]
+        for a, b in zip(first, second):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+
+
+@needs("mujoco", "mujoco")
+def test_a_mujoco_run_resumes_bitwise_and_other_versions_resume_fresh(
+    tmp_path, capsys, monkeypatch
+):
+    module, cfg = SETUPS["sac"]
+    cfg = replace(cfg, env_id="HalfCheetah-v4", logdir=str(tmp_path))
+    full = module.train(cfg)
+    saved = checkpoint_files(full.run_dir / "checkpoints")
+    for later in saved[: len(saved) // 2]:
+        later.unlink()
+    capsys.readouterr()
+    resumed = module.train(cfg, resume=full.run_dir)
+    assert "freshly reset" not in capsys.readouterr().err
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+
+    import mujoco
+
+    monkeypatch.setattr(mujoco, "__version__", "0.0.0")
+    for later in checkpoint_files(full.run_dir / "checkpoints")[: len(saved) // 2]:
+        later.unlink()
+    module.train(cfg, resume=full.run_dir)
+    assert (
+        "HalfCheetah-v4 was saved by another MuJoCo version; resuming with freshly reset envs"
+        in (capsys.readouterr().err)
+    )
 
 
 def test_unsaveable_envs_resume_fresh_with_one_line(tmp_path, capsys):

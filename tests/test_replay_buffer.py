@@ -261,6 +261,27 @@ def test_a_life_lost_at_the_newest_step_survives_a_reload():
     assert len(reloaded) == 2
 
 
+def test_a_float64_stream_goes_on_across_a_reload():
+    """MuJoCo's observations are float64 and stored as float32: reloaded, the buffer reads
+    the next add as the stream going on (as the buffer never saved does), not as a break."""
+    rng = np.random.default_rng(3)
+    obs = rng.normal(size=(2, 3))
+    kept, saved = ReplayBuffer(50, 2, (3,), seed=0), ReplayBuffer(50, 2, (3,), seed=0)
+    no, act = np.zeros(2, bool), np.zeros(2, np.int64)
+    for step in range(6):
+        if step == 3:
+            saved, reloaded = ReplayBuffer(50, 2, (3,), seed=0), saved
+            saved.load_state_dict(reloaded.state_dict())
+        nxt = rng.normal(size=(2, 3))
+        for buffer in (kept, saved):
+            buffer.add(obs, act, np.ones(2), nxt, no, no)
+        obs = nxt
+    assert len(saved) == len(kept) == 12
+    for name, value in kept.state_dict().items():
+        other = saved.state_dict()[name]
+        assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+
+
 def test_n_step_never_reads_across_the_cursor_after_wrapping():
     rng = np.random.default_rng(1)
     buffer = ReplayBuffer(capacity=8, num_envs=1, obs_shape=(1,), n_step=4, gamma=0.5, seed=1)

@@ -283,8 +283,9 @@ class ReplayBuffer:
         N = self.num_envs
         if self.added == 0:
             return np.zeros(N, dtype=bool)
-        if self._last_next_obs is None:  # just loaded: compare with the stored row
+        if self._last_next_obs is None:  # just loaded: compare with the stored row, as stored
             previous = self.stored_obs(self.cursor * N + np.arange(N)).cpu().numpy()
+            obs = obs.astype(previous.dtype, copy=False)  # (MuJoCo's float64 kept as float32)
         elif (obs.dtype, obs.tobytes()) == self._last_next_obs:
             return None
         else:
