@@ -125,6 +125,10 @@ class BenchmarkArgs:
     env: tuple[str, ...] = ()
     """Run only the rows on these env ids (e.g. --env HalfCheetah-v4); the results then
     cover those rows (the whole suite again reads back what finished)."""
+    status: bool = False
+    """Run nothing: print where each run stands (steps, score so far, from its newest
+    checkpoint while it is begun) and the results of the rows whose every seed finished.
+    Safe while the suite runs."""
 
 
 @dataclass
@@ -356,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         elif command == "benchmark":
             parsed = parse_args(BenchmarkArgs, rest, "rlstore benchmark")
-            from rlstore.suite import benchmark
+            from rlstore.suite import benchmark, status
 
+            if parsed.status:
+                return status(parsed.suite, parsed.out, parsed.env)
             return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address,
                              parsed.gpus_per_run, parsed.plot, parsed.env)  # fmt: skip
         elif command == "plot":

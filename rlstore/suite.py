@@ -392,6 +392,70 @@ def still_to_run(specs: Sequence[RunSpec], states: Sequence[str]) -> list[RunSpe
     return begun + new
 
 
+def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> int:
+    """`rlstore benchmark SUITE --status`: where each run stands (steps, score and steps to
+    threshold so far, from a finished run's summary or a begun run's newest checkpoint) and
+    the results of the rows whose every seed finished. Runs, writes and removes nothing."""
+    suite, out_dir = _suite_and_out(suite_arg, out, envs)
+    lines = [
+        "| row | env | seed | state | steps | score so far | reference band | steps to threshold |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    counts = dict.fromkeys(["done", "begun", "started", "new"], 0)
+    finished_rows = []
+    for row in suite.rows:
+        runs = []
+        band = f"[{row.band[0]:g}, {row.band[1]:g}]" if row.band else "-"
+        for spec in row.specs(out_dir):
+            state, summary = spec.progress()
+            counts[state] += 1
+            word = {"done": "finished", "begun": "begun", "started": "no checkpoint yet",
+                    "new": "not started"}[state]  # fmt: skip
+            steps, score, reached = 0, "-", "-"
+            if summary is not None:
+                result = run_result(summary, suite.window, row.threshold, row.score,
+                                    row.reach_window)  # fmt: skip
+                runs.append((state, result))
+                steps = result["steps"]
+                score = f"{result['score']:,.1f}" if result["episodes"] else "-"
+                if result["reached_at"] is not None:
+                    reached = f"{result['reached_at']:,}"
+            lines.append(f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
+                         f"{row.steps:,} | {score} | {band} | {reached} |")  # fmt: skip
+        if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
+            finished_rows.append(row_result(row, [result for _, result in runs]))
+    print(
+        f"rlstore benchmark {suite.name} --status: {plural(sum(counts.values()), 'run')} in "
+        f"{out_dir}: {counts['done']} finished, {counts['begun']} begun, "
+        f"{counts['started']} without a checkpoint yet, {counts['new']} not started "
+        "(nothing was run or changed)"
+    )
+    print(f"Score so far: the mean of the last {suite.window} training returns (rows scored "
+          "on evaluation: the newest evaluation); steps: the newest checkpoint's.\n")  # fmt: skip
+    print("\n".join(lines))
+    if finished_rows:
+        table = results_markdown(suite, finished_rows).split("\n", 2)[2]  # (no title)
+        print("\nRows with every seed finished:\n\n" + table, end="")
+    else:
+        print("\nNo row has every seed finished yet.")
+    return 0
+
+
+def _suite_and_out(suite_arg: str, out: str | None, envs: Sequence[str]) -> tuple[Suite, Path]:
+    """The suite (only its rows on `envs`, when given) and its output directory."""
+    suite = load_suite(find_suite(suite_arg))
+    if envs:  # a part of the suite: its rows on these envs
+        suite_envs = list(dict.fromkeys(row.env for row in suite.rows))
+        for env in envs:
+            if env not in suite_envs:
+                raise UsageError(
+                    f"suite {suite.name} has no row on --env {env}; its envs: "
+                    + ", ".join(suite_envs)
+                )
+        suite.rows = [row for row in suite.rows if row.env in envs]
+    return suite, Path(out or Path("benchmarks") / suite.name).resolve()
+
+
 def benchmark(
     suite_arg: str,
     out: str | None = None,
@@ -406,17 +470,7 @@ def benchmark(
         raise UsageError(
             "--gpus-per-run needs --address: on this machine every run sees its GPUs already"
         )
-    suite = load_suite(find_suite(suite_arg))
-    if envs:  # a part of the suite: its rows on these envs
-        suite_envs = list(dict.fromkeys(row.env for row in suite.rows))
-        for env in envs:
-            if env not in suite_envs:
-                raise UsageError(
-                    f"suite {suite.name} has no row on --env {env}; its envs: "
-                    + ", ".join(suite_envs)
-                )
-        suite.rows = [row for row in suite.rows if row.env in envs]
-    out_dir = Path(out or Path("benchmarks") / suite.name).resolve()
+    suite, out_dir = _suite_and_out(suite_arg, out, envs)
     preflight(suite.rows)
     specs = run_order(suite.rows, out_dir)
     states = [spec.state()[0] for spec in specs]

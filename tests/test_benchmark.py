@@ -3,6 +3,7 @@ its table equals the same runs made by hand."""
 
 import inspect
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,57 @@ def test_suite_runs_every_run_and_a_second_start_does_nothing(tiny, capsys):
     assert "3 finished, 0 to resume, 0 to start" in capsys.readouterr().out
     assert summaries(out / "runs") == before  # nothing ran again
     assert len(list((out / "runs").iterdir())) == 3
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+@pytest.mark.slow
+def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, capsys):
+    """A finished run reads its summary; a begun one (no summary) its newest checkpoint; a
+    directory with neither (a run before its first checkpoint) is left alone; only rows whose
+    every seed finished get results."""
+    suite, made, _, _ = tiny
+    out = tmp_path / "out"
+    shutil.copytree(made, out)
+    (begun,) = (out / "runs").glob("CartPole-v1__ppo__2__*")
+    returns = json.loads((begun / "summary.json").read_text())["episodes"]["returns"]
+    (begun / "summary.json").unlink()
+    before = tree(out)
+    args = ["benchmark", str(suite), "--out", str(out), "--status"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert (
+        "3 runs in" in text
+        and "2 finished, 1 begun, 0 without a checkpoint yet, 0 not started" in text
+    )
+    (line,) = [x for x in text.splitlines() if x.startswith("| ppo | CartPole-v1 | 2 |")]
+    assert f"| begun | 4,096 of 4,096 | {np.mean(returns[-100:]):,.1f} | [10, 500] |" in line
+    assert "Rows with every seed finished:" in text
+    assert (
+        "| dqn-short | CartPole-v1 | 3,000 | 1 |" in text
+        and "| ppo | CartPole-v1 | 4,096" not in text
+    )
+    assert tree(out) == before
+
+    (dqn,) = (out / "runs").glob("CartPole-v1__dqn-short__3__*")
+    (dqn / "summary.json").unlink()
+    shutil.rmtree(dqn / "checkpoints")
+    before = tree(out)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "1 finished, 1 begun, 1 without a checkpoint yet, 0 not started" in text
+    assert "| dqn-short | CartPole-v1 | 3 | no checkpoint yet | 0 of 3,000 | - |" in text
+    assert "No row has every seed finished yet." in text
+    assert tree(out) == before  # the directory a running run would be writing is still there
+
+    shutil.rmtree(out)
+    assert main(args) == 0
+    assert (
+        "0 finished, 0 begun, 0 without a checkpoint yet, 3 not started" in capsys.readouterr().out
+    )
+    assert not out.exists()
 
 
 @pytest.mark.slow
