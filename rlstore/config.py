@@ -77,10 +77,10 @@ class CommonConfig:
     max_episode_steps: Count | None = None
     """Override the env's time limit (episodes are truncated after this many steps)."""
     sticky_actions: bool = False
-    """Atari: repeat the previous action with probability 0.25 (the v5 ids' default). Off
-    by default, as in the published tables rlstore compares with."""
+    """Atari only: repeat the previous action with probability 0.25 (the v5 ids' default).
+    Off by default, as in the published tables rlstore compares with."""
     fire_on_life_loss: bool = False
-    """Atari: press FIRE after every lost life in games that need it to go on (Breakout), as
+    """Atari only: press FIRE after every lost life in games that need it (Breakout), as
     CleanRL's and baselines' wrappers do; that step is not a transition. Off by default: a
     policy learns to press FIRE itself, and ale-py's fast vector env cannot do it (with it
     on, Gymnasium's wrappers run instead: docs/guides/atari.md)."""

@@ -205,9 +205,20 @@ def _make_gymnasium_vec_env(
     return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
 
 
+def check_atari_options(cfg: CommonConfig) -> None:
+    """The Atari-only options are refused elsewhere (they would do nothing there)."""
+    for name in ("sticky_actions", "fire_on_life_loss"):
+        if getattr(cfg, name) and not is_atari(check_env_id(cfg.env_id)):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{flag} applies to Atari games only and {cfg.env_id} is not one; drop it"
+            )
+
+
 def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.VectorEnv:
     """The vector env of a training run of `algorithm`, as its config says (no step infos:
     training reads none)."""
+    check_atari_options(cfg)
     envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
                         cfg.max_episode_steps, algorithm, infos=False,
                         sticky_actions=cfg.sticky_actions,

@@ -211,11 +211,12 @@ def _seeds(value: Any, where: str) -> list[int]:
 def preflight(rows: list[Row]) -> None:
     """Everything that can fail before a run starts: configs, env ids and extras, whether
     the algorithm fits the env's spaces."""
-    from rlstore.envs import make_vec_env
+    from rlstore.envs import check_atari_options, make_vec_env
 
     for row in rows:
         cfg, _ = row.specs(Path("."))[0].config()
         validate(cfg)
+        check_atari_options(cfg)
         with warnings.catch_warnings():  # (an env's deprecation notes go to its runs' logs)
             warnings.simplefilter("ignore")
             make_vec_env(row.env, 1, 0, "sync", algorithm=algos.get(row.algo)).close()

@@ -46,6 +46,14 @@ def run_main(args, logdir, capsys):
         (["ppo", "--env", "FrozenLake-v1"], "FrozenLake-v1 has observation space Discrete(16)"),
         (["dqn", "--norm-obs"], "unknown option --norm-obs"),
         (["dqn", "--q-hidden", "0"], "--q-hidden needs one or more layer widths >= 1"),
+        (
+            ["ppo", "--sticky-actions"],
+            "--sticky-actions applies to Atari games only and CartPole-v1 is not one",
+        ),
+        (
+            ["sac", "--env", "Pendulum-v1", "--fire-on-life-loss"],
+            "--fire-on-life-loss applies to Atari games only",
+        ),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, message, logdir, capsys):
