@@ -363,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
             from rlstore.suite import benchmark, status
 
             if parsed.status:
+                given = [flag for flag, value in [("--workers", parsed.workers),
+                         ("--address", parsed.address), ("--gpus-per-run", parsed.gpus_per_run)]
+                         if value]  # fmt: skip
+                if given:
+                    raise UsageError(f"--status runs nothing; drop {' and '.join(given)}")
                 return status(parsed.suite, parsed.out, parsed.env)
             return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address,
                              parsed.gpus_per_run, parsed.plot, parsed.env)  # fmt: skip

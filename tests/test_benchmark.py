@@ -435,6 +435,7 @@ def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
     [
         (["--gpus-per-run", "0.5"], "--gpus-per-run needs --address"),
         (["--workers", "0"], "--workers must be at least 1 (got 0)"),
+        (["--status", "--workers", "2"], "--status runs nothing; drop --workers"),
     ],
 )
 def test_bad_flags_are_one_line(tiny, capsys, flags, message):
