@@ -363,9 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             from rlstore.suite import benchmark, status
 
             if parsed.status:
-                given = [flag for flag, value in [("--workers", parsed.workers),
-                         ("--address", parsed.address), ("--gpus-per-run", parsed.gpus_per_run)]
-                         if value]  # fmt: skip
+                given = [flag for flag, unset in [("--workers", parsed.workers is None),
+                         ("--address", parsed.address is None),
+                         ("--gpus-per-run", parsed.gpus_per_run == 0.0)] if not unset]  # fmt: skip
                 if given:
                     raise UsageError(f"--status runs nothing; drop {' and '.join(given)}")
                 return status(parsed.suite, parsed.out, parsed.env)
