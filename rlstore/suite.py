@@ -393,6 +393,37 @@ def still_to_run(specs: Sequence[RunSpec], states: Sequence[str]) -> list[RunSpe
     return begun + new
 
 
+@dataclass
+class RunProgress:
+    row: str
+    env: str
+    algo: str
+    steps: int  # asked
+    done: int
+    steps_per_second: float | None  # its own, so far (None: not begun)
+
+
+def core_hours_left(runs: Sequence[RunProgress]) -> tuple[float, list[str]]:
+    """Hours of one core the runs still need, each at its row's mean steps/s so far (or, in
+    a row with none begun, its algorithm's in other rows), and the rows ("row on env") that
+    no begun run can time."""
+    timed: dict[tuple, list[float]] = {}
+    for run in runs:
+        if run.steps_per_second:
+            timed.setdefault((run.row, run.env), []).append(run.steps_per_second)
+            timed.setdefault((run.algo,), []).append(run.steps_per_second)
+    seconds, unknown = 0.0, []
+    for run in runs:
+        if run.done >= run.steps:
+            continue
+        speeds = timed.get((run.row, run.env)) or timed.get((run.algo,))
+        if speeds:
+            seconds += (run.steps - run.done) / float(np.mean(speeds))
+        elif f"{run.row} on {run.env}" not in unknown:
+            unknown.append(f"{run.row} on {run.env}")
+    return seconds / 3600, unknown
+
+
 def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> int:
     """`rlstore benchmark SUITE --status`: where each run stands (steps, score and steps to
     threshold so far, from a finished run's summary or a begun run's newest checkpoint) and
@@ -403,7 +434,7 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
         "|---|---|---|---|---|---|---|---|",
     ]
     counts = dict.fromkeys(["done", "begun", "started", "new"], 0)
-    finished_rows = []
+    finished_rows, progress = [], []
     for row in suite.rows:
         runs = []
         band = f"[{row.band[0]:g}, {row.band[1]:g}]" if row.band else "-"
@@ -423,6 +454,8 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
                     reached = f"{result['reached_at']:,}"
             lines.append(f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
                          f"{row.steps:,} | {score} | {band} | {reached} |")  # fmt: skip
+            speed = runs[-1][1]["steps_per_second"] if summary is not None and steps else None
+            progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, speed))
         if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
             finished_rows.append(row_result(row, [result for _, result in runs]))
     print(
@@ -434,6 +467,12 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
     print(f"Score so far: the mean of the last {suite.window} training returns (rows scored "
           "on evaluation: the newest evaluation); steps: the newest checkpoint's.\n")  # fmt: skip
     print("\n".join(lines))
+    hours, unknown = core_hours_left(progress)
+    if hours or unknown:
+        print(f"\nLeft: about {hours:,.1f} core-hours of runs (each at its row's steps/s so far, "
+              "or its algorithm's)"  # fmt: skip
+              + (f"; not counted, with no run begun to time: {', '.join(unknown)}" if unknown
+                 else ""))  # fmt: skip
     if finished_rows:
         table = results_markdown(suite, finished_rows).split("\n", 2)[2]  # (no title)
         print("\nRows with every seed finished:\n\n" + table, end="")

@@ -18,7 +18,9 @@ from rlstore.cli import BenchmarkArgs, main
 from rlstore.config import PRESET_DIR
 from rlstore.suite import (
     Row,
+    RunProgress,
     Suite,
+    core_hours_left,
     find_suite,
     load_suite,
     preflight,
@@ -114,7 +116,7 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
     )
     (line,) = [x for x in text.splitlines() if x.startswith("| ppo | CartPole-v1 | 2 |")]
     assert f"| begun | 4,096 of 4,096 | {np.mean(returns[-100:]):,.1f} | [10, 500] |" in line
-    assert "Rows with every seed finished:" in text
+    assert "Rows with every seed finished:" in text and "Left:" not in text  # (all steps run)
     assert (
         "| dqn-short | CartPole-v1 | 3,000 | 1 |" in text
         and "| ppo | CartPole-v1 | 4,096" not in text
@@ -130,6 +132,7 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
     assert "1 finished, 1 begun, 1 without a checkpoint yet, 0 not started" in text
     assert "| dqn-short | CartPole-v1 | 3 | no checkpoint yet | 0 of 3,000 | - |" in text
     assert "No row has every seed finished yet." in text
+    assert "not counted, with no run begun to time: dqn-short on CartPole-v1" in text
     assert tree(out) == before  # the directory a running run would be writing is still there
 
     shutil.rmtree(out)
@@ -296,6 +299,21 @@ def test_runs_begun_start_before_new_ones(tmp_path):
     states = ["done", "new", "interrupted", "new", "extend", "done"]
     assert [s.seed for s in still_to_run(specs, states)] == [3, 5, 2, 4]
     assert still_to_run(specs[:2], ["done", "done"]) == []
+
+
+def test_core_hours_left_time_each_run_at_its_row_or_algorithm():
+    runs = [
+        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 1000, 50.0),  # done: nothing left
+        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 400, 100.0),  # 600 at 75/s: 8 s
+        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 0, None),  # 1000 at 75/s
+        RunProgress("sac", "Hopper-v4", "sac", 900, 0, None),  # the algorithm's 75/s: 12 s
+        RunProgress("td3", "Hopper-v4", "td3", 900, 0, None),  # nothing to time it by
+        RunProgress("td3", "Hopper-v4", "td3", 900, 0, None),
+    ]
+    hours, unknown = core_hours_left(runs)
+    assert hours == pytest.approx((8 + 1000 / 75 + 12) / 3600)
+    assert unknown == ["td3 on Hopper-v4"]
+    assert core_hours_left(runs[:1]) == (0.0, [])
 
 
 def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
