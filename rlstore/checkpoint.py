@@ -269,8 +269,8 @@ def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
 
 
 def env_state_loads(state: dict[str, Any]) -> bool:
-    """Whether `state` can be restored here: MuJoCo's data can only by the MuJoCo version
-    that saved it."""
+    """Whether `state` can be restored here: a MuJoCo env's data loads only under the MuJoCo
+    version that saved it."""
     versions = {layer[_MUJOCO_VERSION] for chain in state["envs"] for layer in chain
                 if _MUJOCO_VERSION in layer}  # fmt: skip
     if not versions:

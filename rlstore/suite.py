@@ -395,6 +395,8 @@ def still_to_run(specs: Sequence[RunSpec], states: Sequence[str]) -> list[RunSpe
 
 @dataclass
 class RunProgress:
+    """One run of a suite as --status found it."""
+
     row: str
     env: str
     algo: str
@@ -469,10 +471,11 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
     print("\n".join(lines))
     hours, unknown = core_hours_left(progress)
     if hours or unknown:
-        print(f"\nLeft: about {hours:,.1f} core-hours of runs (each at its row's steps/s so far, "
-              "or its algorithm's)"  # fmt: skip
-              + (f"; not counted, with no run begun to time: {', '.join(unknown)}" if unknown
-                 else ""))  # fmt: skip
+        left = (f"\nLeft: about {hours:,.1f} core-hours of runs (each at its row's steps/s so "
+                "far, or its algorithm's)")  # fmt: skip
+        if unknown:
+            left += "; not counted, with no run begun to time: " + ", ".join(unknown)
+        print(left)
     if finished_rows:
         table = results_markdown(suite, finished_rows).split("\n", 2)[2]  # (no title)
         print("\nRows with every seed finished:\n\n" + table, end="")
