@@ -456,7 +456,8 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
                     reached = f"{result['reached_at']:,}"
             lines.append(f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
                          f"{row.steps:,} | {score} | {band} | {reached} |")  # fmt: skip
-            speed = runs[-1][1]["steps_per_second"] if summary is not None and steps else None
+            timed = summary is not None and steps and summary["wall_seconds"] > 0  # (format 1: 0)
+            speed = runs[-1][1]["steps_per_second"] if timed else None
             progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, speed))
         if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
             finished_rows.append(row_result(row, [result for _, result in runs]))
