@@ -43,6 +43,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlstore.envs import EpisodeRecorder
 from rlstore.files import atomic_save, safe_load
 from rlstore.lean import LeanSyncVectorEnv
 
@@ -230,9 +231,10 @@ def _tuples(x: Any) -> Any:
 
 # -- environment state -------------------------------------------------------------------------
 
-# Envs whose whole state is plain attributes (numbers, arrays, generators), and Gymnasium's
-# MuJoCo envs (plain attributes and their MjData): these resume exactly. Others (Box2D,
-# Atari, async workers) resume with freshly reset envs.
+# Envs whose whole state is plain attributes (numbers, arrays, generators), Gymnasium's
+# MuJoCo envs (plain attributes and their MjData) and the envs whose episodes replay
+# (envs.REPLAYED_ENVS: LunarLander): these resume exactly. Others (BipedalWalker, Atari,
+# async workers) resume with freshly reset envs.
 SAVEABLE_ENVS = (
     "CartPoleEnv",
     "CartPoleVectorEnv",
@@ -248,6 +250,7 @@ _SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens"
 # contact forces) are those of the step's last substep, and Ant's and Humanoid's rewards
 # read them before the next, so qpos and qvel alone do not continue the episode exactly.
 _MJDATA, _MUJOCO_VERSION = "__mjdata__", "__mujoco_version__"
+_REPLAY = "__replay__"  # an EpisodeRecorder's episode (rlstore/envs.py)
 
 
 def _is_mujoco(env: gym.Env) -> bool:
@@ -294,6 +297,10 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
     _restore(envs, vector)
     if state["envs"]:
         for env, chain in zip(envs.envs, state["envs"], strict=True):
+            if _REPLAY in chain[0]:
+                replay = chain[0][_REPLAY]
+                env.replay(replay["seed"], replay["generator"], replay["actions"].numpy())
+                continue
             layer = env
             for attributes in chain:
                 if _MJDATA in attributes:
@@ -304,8 +311,14 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
 
 
 def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:
-    """Attributes of each wrapper layer down to the base env, or None if not saveable."""
+    """Attributes of each wrapper layer down to the base env, or what replays its episode
+    (an EpisodeRecorder's), or None if not saveable."""
     base = env.unwrapped
+    if isinstance(env, EpisodeRecorder):
+        if env.actions is None:  # (begun with reset options)
+            return None
+        actions = torch.from_numpy(np.array(env.actions))
+        return [{_REPLAY: {"seed": env.reset_seed, "generator": env.generator, "actions": actions}}]
     if type(base).__name__ not in SAVEABLE_ENVS and not _is_mujoco(base):
         return None
     chain, layer = [], env

@@ -175,6 +175,54 @@ def make_vec_env(
     return envs
 
 
+# Envs whose state cannot be copied (a Box2D world) but whose episode replays exactly: the
+# random generator as it began (or its reset seed) and its actions rebuild it in a fresh
+# env. LunarLander's do (175 resume points checked, each continued to its episode's end or
+# 300 steps); BipedalWalker's do not (its world carries state from episode to episode).
+REPLAYED_ENVS = ("LunarLander",)
+
+
+class EpisodeRecorder(gym.Wrapper):
+    """Keeps how the current episode began and its actions, for a checkpoint to rebuild
+    the env by `replay` (rlstore/checkpoint.py). It cannot replay an episode begun with
+    reset options (`actions` is then None until the next reset)."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self.reset_seed = seed
+        self.generator = (
+            None if seed is not None else self.env.unwrapped.np_random.bit_generator.state
+        )
+        self.actions: list[np.ndarray] | None = [] if not options else None
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        if self.actions is not None:
+            self.actions.append(np.array(action))
+        return self.env.step(action)
+
+    def replay(self, seed: int | None, generator: dict | None, actions: np.ndarray) -> None:
+        """Rebuild the episode that began as `seed` or `generator` say and took `actions`."""
+        if seed is None:
+            self.env.unwrapped.np_random.bit_generator.state = generator
+        self.reset(seed=seed)
+        for action in actions:
+            self.step(action)
+
+
+def replayed(spec: gym.envs.registration.EnvSpec) -> bool:
+    """Whether the env's episodes replay exactly (REPLAYED_ENVS)."""
+    return str(spec.entry_point).rpartition(":")[2] in REPLAYED_ENVS
+
+
+def _env_fn(spec: gym.envs.registration.EnvSpec, kwargs: dict[str, Any]) -> Any:
+    """What makes one env of `spec`: gym.make, wrapped in an EpisodeRecorder where its
+    episodes replay."""
+    make = functools.partial(gym.make, spec.id, **kwargs)
+    return (lambda: EpisodeRecorder(make())) if replayed(spec) else make
+
+
 def _make_gymnasium_vec_env(
     spec: gym.envs.registration.EnvSpec,
     num_envs: int,
@@ -197,12 +245,14 @@ def _make_gymnasium_vec_env(
         mode = vectorization
     kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     if mode == "sync" and lean:
-        env_fns = [functools.partial(gym.make, spec.id, **kwargs)] * num_envs
+        env_fns = [_env_fn(spec, kwargs)] * num_envs
         try:
             return LeanSyncVectorEnv(env_fns, infos)
         except TypeError:  # observations it does not handle: rlstore refuses them later
             return gym.vector.SyncVectorEnv(env_fns)
-    return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+    wrappers = [EpisodeRecorder] if mode == "sync" and replayed(spec) else None
+    return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=wrappers,
+                        **kwargs)  # fmt: skip
 
 
 def check_atari_options(cfg: CommonConfig) -> None:

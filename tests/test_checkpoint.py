@@ -220,6 +220,52 @@ def test_mujoco_env_state_round_trip_is_exact():
                 np.testing.assert_array_equal(x, y)
 
 
+@needs("box2d", "Box2D")
+@pytest.mark.parametrize("lean", [True, False])
+def test_lunar_lander_replays_its_episode_exactly(lean):
+    """A Box2D world cannot be copied; LunarLander's episode is replayed from its reset
+    (seed or generator) and actions, across terminations and truncations (every 40 steps),
+    in rlstore's sync vector env and Gymnasium's. BipedalWalker's does not replay exactly
+    (its world keeps state across episodes): it stays unsaveable."""
+    for env_id in ["LunarLander-v3", "LunarLanderContinuous-v3"]:
+        envs = make_vec_env(env_id, 2, seed=0, vectorization="sync", max_episode_steps=40,
+                            lean=lean)  # fmt: skip
+        envs.reset(seed=0)
+        for _ in range(95):
+            envs.step(envs.action_space.sample())
+        state = env_state(envs)
+        first = [envs.step(envs.action_space.sample())[:4] for _ in range(120)]
+        other = make_vec_env(env_id, 2, seed=9, vectorization="sync", max_episode_steps=40,
+                             lean=lean)  # fmt: skip
+        other.reset(seed=9)
+        load_env_state(other, state)
+        second = [other.step(other.action_space.sample())[:4] for _ in range(120)]
+        for a, b in zip(first, second):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+    walker = make_vec_env("BipedalWalker-v3", 1, seed=0, vectorization="sync", lean=lean)
+    walker.reset(seed=0)
+    assert env_state(walker) is None
+    lander = make_vec_env("LunarLander-v3", 1, seed=0, vectorization="sync", lean=lean)
+    lander.reset(seed=0, options={"wind": 1})  # (options it cannot replay)
+    assert env_state(lander) is None
+
+
+@needs("box2d", "Box2D")
+def test_a_lunar_lander_run_resumes_bitwise(tmp_path, capsys):
+    module, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, env_id="LunarLander-v3", max_episode_steps=400, logdir=str(tmp_path))
+    full = module.train(cfg)
+    saved = checkpoint_files(full.run_dir / "checkpoints")
+    for later in saved[: len(saved) // 2]:
+        later.unlink()
+    capsys.readouterr()
+    resumed = module.train(cfg, resume=full.run_dir)
+    assert "freshly reset" not in capsys.readouterr().err
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+
+
 @needs("mujoco", "mujoco")
 def test_a_mujoco_run_resumes_bitwise_and_other_versions_resume_fresh(
     tmp_path, capsys, monkeypatch
