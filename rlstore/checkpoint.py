@@ -296,10 +296,15 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
         vector = {_RENAMED.get(k, k): v for k, v in vector.items() if k != "_env_obs"}
     _restore(envs, vector)
     if state["envs"]:
-        for env, chain in zip(envs.envs, state["envs"], strict=True):
+        saved_obs = vector.get("observations", vector.get("_observations"))
+        for i, (env, chain) in enumerate(zip(envs.envs, state["envs"], strict=True)):
             if _REPLAY in chain[0]:
                 replay = chain[0][_REPLAY]
-                env.replay(replay["seed"], replay["generator"], replay["actions"].numpy())
+                obs = env.replay(replay["seed"], replay["generator"], replay["actions"].numpy())
+                if saved_obs is not None and not np.array_equal(obs, saved_obs[i].numpy()):
+                    print(f"rlstore: warning: env {i}'s replayed episode ended elsewhere than "
+                          "it was saved; the run goes on from the replay, not bitwise as it "
+                          "would have", file=sys.stderr)  # fmt: skip
                 continue
             layer = env
             for attributes in chain:

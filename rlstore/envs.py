@@ -202,13 +202,15 @@ class EpisodeRecorder(gym.Wrapper):
             self.actions.append(np.array(action))
         return self.env.step(action)
 
-    def replay(self, seed: int | None, generator: dict | None, actions: np.ndarray) -> None:
-        """Rebuild the episode that began as `seed` or `generator` say and took `actions`."""
+    def replay(self, seed: int | None, generator: dict | None, actions: np.ndarray) -> Any:
+        """Rebuild the episode that began as `seed` or `generator` say and took `actions`;
+        its last observation."""
         if seed is None:
             self.env.unwrapped.np_random.bit_generator.state = generator
-        self.reset(seed=seed)
+        obs, _ = self.reset(seed=seed)
         for action in actions:
-            self.step(action)
+            obs = self.step(action)[0]
+        return obs
 
 
 def replayed(spec: gym.envs.registration.EnvSpec) -> bool:

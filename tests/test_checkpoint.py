@@ -222,7 +222,7 @@ def test_mujoco_env_state_round_trip_is_exact():
 
 @needs("box2d", "Box2D")
 @pytest.mark.parametrize("lean", [True, False])
-def test_lunar_lander_replays_its_episode_exactly(lean):
+def test_lunar_lander_replays_its_episode_exactly(lean, capsys):
     """A Box2D world cannot be copied; LunarLander's episode is replayed from its reset
     (seed or generator) and actions, across terminations and truncations (every 40 steps),
     in rlstore's sync vector env and Gymnasium's. BipedalWalker's does not replay exactly
@@ -243,6 +243,10 @@ def test_lunar_lander_replays_its_episode_exactly(lean):
         for a, b in zip(first, second):
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)
+        assert "warning" not in capsys.readouterr().err
+    state["envs"][1][0]["__replay__"]["actions"][-1] += 1  # a replay that ends elsewhere
+    load_env_state(other, state)
+    assert "env 1's replayed episode ended elsewhere than it was saved" in capsys.readouterr().err
     walker = make_vec_env("BipedalWalker-v3", 1, seed=0, vectorization="sync", lean=lean)
     walker.reset(seed=0)
     assert env_state(walker) is None
