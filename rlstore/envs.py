@@ -187,6 +187,11 @@ class EpisodeRecorder(gym.Wrapper):
     the env by `replay` (rlstore/checkpoint.py). It cannot replay an episode begun with
     reset options (`actions` is then None until the next reset)."""
 
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.reset_seed, self.generator = None, None
+        self.actions: list[np.ndarray] | None = None  # (no episode yet)
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
@@ -194,7 +199,7 @@ class EpisodeRecorder(gym.Wrapper):
         self.generator = (
             None if seed is not None else self.env.unwrapped.np_random.bit_generator.state
         )
-        self.actions: list[np.ndarray] | None = [] if not options else None
+        self.actions = [] if not options else None
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action: Any) -> tuple[Any, ...]:
