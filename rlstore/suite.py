@@ -472,8 +472,10 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
     print("\n".join(lines))
     hours, unknown = core_hours_left(progress)
     if hours or unknown:
+        cores = available_cores()
         left = (f"\nLeft: about {hours:,.1f} core-hours of runs (each at its row's steps/s so "
-                "far, or its algorithm's)")  # fmt: skip
+                f"far, or its algorithm's), {hours / cores:,.1f} hours on this machine's "
+                f"{plural(cores, 'core')}")  # fmt: skip
         if unknown:
             left += "; not counted, with no run begun to time: " + ", ".join(unknown)
         print(left)
