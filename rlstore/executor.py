@@ -107,34 +107,38 @@ class RunSpec:
             shutil.rmtree(path)
         return "new", None
 
-    def progress(self) -> tuple[str, dict | None]:
+    def progress(self) -> tuple[str, dict | None, Path | None]:
         """Where the run stands, read as state() reads it but changing nothing (the run may
-        be going on): ("done", its summary), ("begun", its newest checkpoint's numbers in a
-        summary's keys), ("started", None) (a directory without a checkpoint yet: running,
-        or killed before its first) or ("new", None)."""
+        be going on), and its directory: ("done", its summary, dir), ("begun", its newest
+        checkpoint's numbers in a summary's keys, dir), ("started", None, dir) (no
+        checkpoint yet: running, or killed before its first) or ("new", None, None)."""
         from rlstore.checkpoint import read_newest_checkpoint  # (torch: not at `--help`)
 
         cfg, _ = self.config()
-        started = False
+        started = None
         for path in self.directories():
             check_same_config(path, self.algo, cfg)
             done = finished_steps(path)
             if done is not None and done >= cfg.steps_run:
-                return "done", read_summary(path)
+                return "done", read_summary(path), path
             found = read_newest_checkpoint(path / "checkpoints")
             if found is not None:
                 checkpoint = found[1]
                 history = (checkpoint.get("evaluation") or {}).get("history")
-                return "begun", {
-                    "seed": self.seed,
-                    "run_dir": str(path),
-                    "global_step": checkpoint["global_step"],
-                    "wall_seconds": checkpoint.get("wall_seconds", 0.0),
-                    "episodes": checkpoint["episodes"],
-                    "evaluations": history,
-                }
-            started = True
-        return ("started" if started else "new"), None
+                return (
+                    "begun",
+                    {
+                        "seed": self.seed,
+                        "run_dir": str(path),
+                        "global_step": checkpoint["global_step"],
+                        "wall_seconds": checkpoint.get("wall_seconds", 0.0),
+                        "episodes": checkpoint["episodes"],
+                        "evaluations": history,
+                    },
+                    path,
+                )
+            started = started or path
+        return ("started" if started else "new"), None, started
 
     def complete(self, callbacks: Sequence[Callback] = ()) -> dict:
         """Finish the run in this process (start, resume or read it back); its summary."""

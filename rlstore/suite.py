@@ -15,6 +15,7 @@ section of results.md, aggregate.json, aggregate.png).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import platform
@@ -426,6 +427,24 @@ def core_hours_left(runs: Sequence[RunProgress]) -> tuple[float, list[str]]:
     return seconds / 3600, unknown
 
 
+def last_written(run_dir: Path) -> float:
+    """When a file of the run directory was last written (a running run may be renaming
+    its newest checkpoint into place meanwhile)."""
+    times = [run_dir.stat().st_mtime]
+    for path in run_dir.rglob("*"):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    return max(times)
+
+
+def ago(seconds: float) -> str:
+    """A duration as people say it: '40 s', '12 min', '5 h', '3 days'."""
+    for limit, unit, size in [(120, "s", 1), (7200, "min", 60), (172800, "h", 3600)]:
+        if seconds < limit:
+            return f"{max(seconds, 0) / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} days"
+
+
 def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> int:
     """`rlstore benchmark SUITE --status`: where each run stands (steps, score and steps to
     threshold so far, from a finished run's summary or a begun run's newest checkpoint) and
@@ -441,10 +460,12 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
         runs = []
         band = f"[{row.band[0]:g}, {row.band[1]:g}]" if row.band else "-"
         for spec in row.specs(out_dir):
-            state, summary = spec.progress()
+            state, summary, run_dir = spec.progress()
             counts[state] += 1
             word = {"done": "finished", "begun": "begun", "started": "no checkpoint yet",
                     "new": "not started"}[state]  # fmt: skip
+            if state in ("begun", "started"):  # (is it going on? its files say when)
+                word += f", written {ago(time.time() - last_written(run_dir))} ago"
             steps, score, reached = 0, "-", "-"
             if summary is not None:
                 result = run_result(summary, suite.window, row.threshold, row.score,

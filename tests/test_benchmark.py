@@ -3,6 +3,7 @@ its table equals the same runs made by hand."""
 
 import inspect
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from rlstore.suite import (
     Row,
     RunProgress,
     Suite,
+    ago,
     core_hours_left,
     find_suite,
     load_suite,
@@ -115,7 +117,8 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
         and "2 finished, 1 begun, 0 without a checkpoint yet, 0 not started" in text
     )
     (line,) = [x for x in text.splitlines() if x.startswith("| ppo | CartPole-v1 | 2 |")]
-    assert f"| begun | 4,096 of 4,096 | {np.mean(returns[-100:]):,.1f} | [10, 500] |" in line
+    assert re.search(r"\| begun, written \d+ (s|min|h) ago \| 4,096 of 4,096 \| ", line)
+    assert f" | {np.mean(returns[-100:]):,.1f} | [10, 500] |" in line
     assert "Rows with every seed finished:" in text and "Left:" not in text  # (all steps run)
     assert (
         "| dqn-short | CartPole-v1 | 3,000 | 1 |" in text
@@ -130,7 +133,8 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "1 finished, 1 begun, 1 without a checkpoint yet, 0 not started" in text
-    assert "| dqn-short | CartPole-v1 | 3 | no checkpoint yet | 0 of 3,000 | - |" in text
+    assert re.search(r"\| dqn-short \| CartPole-v1 \| 3 \| no checkpoint yet, written \d+ "
+                     r"(s|min|h) ago \| 0 of 3,000 \| - \|", text)  # fmt: skip
     assert "No row has every seed finished yet." in text
     assert "not counted, with no run begun to time: dqn-short on CartPole-v1" in text
     assert tree(out) == before  # the directory a running run would be writing is still there
@@ -299,6 +303,11 @@ def test_runs_begun_start_before_new_ones(tmp_path):
     states = ["done", "new", "interrupted", "new", "extend", "done"]
     assert [s.seed for s in still_to_run(specs, states)] == [3, 5, 2, 4]
     assert still_to_run(specs[:2], ["done", "done"]) == []
+
+
+def test_ago_says_durations_as_people_do():
+    assert [ago(x) for x in (0, 119, 120, 7199, 7200, 172799, 172800, -3)] == [
+        "0 s", "119 s", "2 min", "120 min", "2 h", "48 h", "2 days", "0 s"]  # fmt: skip
 
 
 def test_core_hours_left_time_each_run_at_its_row_or_algorithm():
