@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import re
+import tempfile
 import types
 import typing
 from dataclasses import dataclass
@@ -387,6 +388,24 @@ def validate(cfg: CommonConfig) -> None:
         if bound is not None and isinstance(value, (int, float)) and not bound.holds(value):
             raise UsageError(f"{flag(field.name)} {bound.describe()} (got {value})")
     cfg.check()
+
+
+def check_writable_dir(path: Path, flag: str = "--logdir") -> None:
+    """A UsageError unless `path` is, or can be made, a directory this process can write
+    to. Creates nothing: the nearest existing ancestor is probed with a temporary file."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file; give a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"{flag} {path}: cannot write in {existing} ({e.strerror}); "
+            "give a directory you can write to"
+        ) from None
 
 
 def flag(name: str) -> str:

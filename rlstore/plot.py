@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rlstore.config import check_writable_dir
 from rlstore.errors import UsageError
 from rlstore.text import plural
 
@@ -186,6 +187,14 @@ def describe(group: Group) -> str:
     return line
 
 
+def check_output_file(path: Path, flag: str) -> None:
+    """A UsageError, before anything is read or drawn, unless `path` names a file that can
+    be written (its directory is made when it is written)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file name in it")
+    check_writable_dir(path.parent, flag)
+
+
 def plot(
     paths: list[str],
     png: str | None = "curves.png",
@@ -202,11 +211,15 @@ def plot(
     smooth_window = default_smooth(tag) if smooth_window is None else smooth_window
     if smooth_window < 1 or points < 2:
         raise UsageError("--smooth must be at least 1 and --points at least 2")
+    for path, flag in [(png, "--out"), (csv_path, "--csv")]:
+        if path:
+            check_output_file(Path(path), flag)
     runs = find_runs(paths)
     plt = _pyplot() if png else None  # before anything is written
     groups = group_runs(runs, tag, smooth_window)
     table = [aggregate(group.curves, points) for group in groups]
     if csv_path:
+        Path(csv_path).parent.mkdir(parents=True, exist_ok=True)
         with open(csv_path, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["env", "name", "group", "runs", "step", "mean", "std"])
@@ -292,5 +305,6 @@ def _draw(
     for ax in list(axes.flat)[len(envs) :]:
         ax.axis("off")
     fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)
     plt.close(fig)

@@ -22,7 +22,6 @@ import random
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -50,7 +49,13 @@ from rlstore.checkpoint import (
     write_policy,
     write_summary,
 )
-from rlstore.config import CommonConfig, run_dir_prefix, shipped_budget, validate
+from rlstore.config import (
+    CommonConfig,
+    check_writable_dir,
+    run_dir_prefix,
+    shipped_budget,
+    validate,
+)
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.evaluate import Evaluator, check_video_support
@@ -125,24 +130,6 @@ def auto_threads(cnn: bool) -> int:
     except ValueError:
         runs = 1
     return max(1, cores // runs)
-
-
-def check_writable_dir(path: Path) -> None:
-    """A UsageError unless `path` is, or can be made, a directory this process can write
-    to. Creates nothing: the nearest existing ancestor is probed with a temporary file."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UsageError(f"--logdir {path}: {existing} is a file; give a directory")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as e:
-        raise UsageError(
-            f"--logdir {path}: cannot write in {existing} ({e.strerror}); "
-            "give a directory you can write to"
-        ) from None
 
 
 LONG_BUDGET = 1_000_000  # a run of the shipped budget this long says so at its start

@@ -103,6 +103,21 @@ def test_bad_input_is_one_line(runs, capsys, args, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_outputs_go_to_new_directories_and_bad_ones_are_one_line(runs, tmp_path, capsys):
+    csv_path = tmp_path / "new" / "deeper" / "curves.csv"
+    assert main(["plot", str(runs), "--no-png", "--csv", str(csv_path)]) == 0
+    assert len(read_csv(csv_path)) > 0
+    (tmp_path / "a_file").write_text("keep")
+    bad = [(tmp_path, f"--csv {tmp_path} is a directory; give a file name"),
+           (tmp_path / "a_file" / "x.csv", "a_file is a file; give a directory")]  # fmt: skip
+    for out, message in bad:
+        capsys.readouterr()
+        assert main(["plot", str(runs), "--no-png", "--csv", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "a_file").read_text() == "keep"
+
+
 def test_missing_matplotlib_names_the_extra(runs, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     assert main(["plot", str(runs), "--out", str(tmp_path / "x.png")]) == 2
