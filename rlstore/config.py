@@ -310,7 +310,8 @@ def apply_overrides(cfg: CommonConfig, overrides: dict[str, Any], source: str) -
 def read_config(path: Path, what: str = "config file") -> dict[str, Any]:
     """A flat table of overrides from a TOML file (or JSON, such as a run's config.json)."""
     if not path.is_file():
-        raise UsageError(f"{what} '{path}' does not exist; give the path of a TOML file")
+        problem = "is a directory" if path.is_dir() else "does not exist"
+        raise UsageError(f"{what} '{path}' {problem}; give the path of a TOML file")
     try:
         if path.suffix == ".json":
             data = json.loads(path.read_text())

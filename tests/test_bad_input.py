@@ -26,6 +26,7 @@ def run_main(args, logdir, capsys):
         (["ppo", "--device", "tpu"], "unknown --device 'tpu'"),
         (["ppo", "--device", "cuda"], "no CUDA GPU is available; use --device cpu"),
         (["ppo", "--config", "nowhere.toml"], "--config file 'nowhere.toml' does not exist"),
+        (["ppo", "--config", "/"], "--config file '/' is a directory; give the path of a TOML"),
         (["ppo", "--gamma", "1.5"], "--gamma must lie in [0, 1]"),
         (["dqn", "--env", "Pendulum-v1"], "DQN needs a Discrete action space; Pendulum-v1 has"),
         (["dqn", "--batch-size", "20000"], "--batch-size 20000 must lie in [1, --buffer-size"),
