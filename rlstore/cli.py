@@ -45,7 +45,7 @@ commands:
   train ALGO --env ID   train an algorithm: {algos} (`rlstore train --help` says
                what each is)
   train ALGO --env ID --print-config   the resolved config and where each value came from
-  presets      every shipped preset: algorithm, envs, values, source
+  presets [ALGO]   every shipped preset (or one algorithm's): envs, values, source
   resume DIR   continue an interrupted run from its newest checkpoint
   eval DIR     evaluate a run's trained policy
   benchmark SUITE   run a suite of algorithms x envs x seeds; results table and curves
@@ -78,6 +78,9 @@ class PresetsArgs:
     """List every shipped preset: its algorithm, the envs it applies to, the values it sets
     and where they come from. `rlstore train ALGO --env ID --print-config` shows every value
     a run will use."""
+
+    algo: Annotated[str | None, tyro.conf.Positional, tyro.conf.arg(metavar="[ALGO]")] = None
+    """Only this algorithm's presets."""
 
 
 @dataclass
@@ -345,8 +348,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             preset = None
         elif command == "presets":
-            parse_args(PresetsArgs, rest, "rlstore presets")
+            parsed = parse_args(PresetsArgs, rest, "rlstore presets")
+            if parsed.algo is not None:
+                algos.get(parsed.algo)  # (an unknown name: one line that offers the close ones)
             for p in shipped_presets():
+                if parsed.algo is not None and p.algo != parsed.algo:
+                    continue
                 where = p.path.relative_to(PRESET_DIR.parent)
                 print(f"{p.algo} on {p.applies_to}: {where}\n    sets {', '.join(p.keys)}")
                 print(f"    {p.source}")

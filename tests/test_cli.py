@@ -137,6 +137,14 @@ def test_presets_lists_every_shipped_preset(capsys):
     assert "ppo on every MuJoCo id (automatic)" in out
     assert "ppo on CartPole-v1, with --config fast (not automatic)" in out
 
+    assert main(["presets", "sac"]) == 0
+    only = capsys.readouterr().out
+    sac = sorted(p.name for p in (config.PRESET_DIR / "sac").glob("*.toml"))
+    assert sac and all(f": configs/sac/{name}\n" in only for name in sac)
+    assert only.count("\n    sets ") == len(sac)
+    assert main(["presets", "sca"]) == 2
+    assert "unknown algorithm 'sca'; did you mean 'sac'?" in capsys.readouterr().err
+
 
 def test_print_config_says_where_each_value_came_from(tmp_path, capsys):
     own = tmp_path / "mine.toml"
