@@ -28,6 +28,7 @@ from rlstore.config import (
     apply_overrides,
     describe_config,
     flag,
+    not_a_run_dir,
     presets_of,
     read_config,
     resolve,
@@ -305,9 +306,7 @@ def parse_resume(args: list[str]):
     run_dir = Path(parsed.run_dir)
     record_path = run_dir / "config.json"
     if not record_path.is_file():
-        raise UsageError(
-            f"{run_dir} is not a run directory (it has no config.json); give runs/<dir>"
-        )
+        raise not_a_run_dir(run_dir, "; give runs/<dir>")
     algo = json.loads(record_path.read_text()).get("algo")
     if not isinstance(algo, str):
         raise UsageError(f"{record_path} names no algorithm")

@@ -23,6 +23,7 @@ import tyro
 
 from rlstore import algos
 from rlstore.errors import UsageError
+from rlstore.text import plural
 
 
 @dataclass(frozen=True)
@@ -407,6 +408,19 @@ def check_writable_dir(path: Path, flag: str = "--logdir") -> None:
             f"{flag} {path}: cannot write in {existing} ({e.strerror}); "
             "give a directory you can write to"
         ) from None
+
+
+def not_a_run_dir(path: Path, fix: str = "") -> UsageError:
+    """The error for a path without config.json; one that holds run directories (runs/, a
+    suite's runs/) names them."""
+    inside = sorted(p.parent.name for p in path.glob("*/config.json")) if path.is_dir() else []
+    if inside:
+        names = ", ".join(inside[:3]) + (", ..." if len(inside) > 3 else "")
+        return UsageError(
+            f"{path} is not a run directory but holds {plural(len(inside), 'run')} ({names}); "
+            "give one of them"
+        )
+    return UsageError(f"{path} is not a run directory (it has no config.json){fix}")
 
 
 def flag(name: str) -> str:

@@ -15,6 +15,7 @@ import torch
 from rlstore import algos
 from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
+from rlstore.config import not_a_run_dir
 from rlstore.envs import check_env_id, make_vec_env
 from rlstore.errors import UsageError
 from rlstore.normalize import ObsNormalizer
@@ -300,7 +301,7 @@ def evaluate(
     if not run_dir.exists():
         raise UsageError(f"{run_dir} does not exist; give a run directory such as runs/<dir>")
     if not (run_dir / "config.json").is_file():
-        raise UsageError(f"{run_dir} is not a run directory (it has no config.json)")
+        raise not_a_run_dir(run_dir)
     if episodes < 1:
         raise UsageError(f"--episodes must be at least 1 (got {episodes})")
     if best and checkpoint is not None:

@@ -63,7 +63,8 @@ def load_spec(path: Path) -> SweepSpec:
     """Read and check a spec: unknown keys, a bad or empty space, and an algorithm/env pair
     or base settings that do not fit are UsageErrors."""
     if not path.is_file():
-        raise UsageError(f"sweep spec '{path}' does not exist")
+        problem = "is a directory" if path.is_dir() else "does not exist"
+        raise UsageError(f"sweep spec '{path}' {problem}; give the path of a TOML file")
     try:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -171,9 +171,13 @@ def test_resume_takes_run_time_options_and_files_share_one_mode(tmp_path, capsys
 
 def test_resume_bad_input(tmp_path, capsys):
     assert main(["resume", str(tmp_path)]) == 2
-    assert "is not a run directory" in capsys.readouterr().err
+    assert "is not a run directory (it has no config.json); give runs/<dir>" in (
+        capsys.readouterr().err
+    )
     _, cfg = SETUPS["ppo"]
     run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    assert main(["resume", str(tmp_path)]) == 2
+    assert f"holds 1 run ({run_dir.name}); give one of them" in capsys.readouterr().err
     assert main(["resume", str(run_dir), "--total-timesteps", "1024"]) == 2
     assert "smaller than the 2048 steps already done" in capsys.readouterr().err
     shutil.rmtree(run_dir / "checkpoints")

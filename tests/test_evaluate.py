@@ -107,6 +107,10 @@ def test_eval_bad_input(tmp_path, capsys):
     assert "is not a run directory" in capsys.readouterr().err
     _, cfg = SETUPS["ppo"]
     run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    assert main(["eval", str(tmp_path)]) == 2  # the directory above: it names the run
+    assert f"{tmp_path} is not a run directory but holds 1 run ({run_dir.name}); give one" in (
+        capsys.readouterr().err
+    )
     (run_dir / "model.pt").unlink()
     assert main(["eval", str(run_dir)]) == 2
     err = capsys.readouterr().err

@@ -204,6 +204,13 @@ def test_bad_specs_are_one_line(tmp_path, capsys, edit, message):
     assert not out.exists()
 
 
+def test_a_spec_path_that_is_no_file_is_one_line(tmp_path, capsys):
+    for path, problem in [(tmp_path / "none.toml", "does not exist"), (tmp_path, "is a directory")]:
+        assert main(["sweep", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"sweep spec '{path}' {problem}; give the path of a TOML file" in err
+
+
 @needs("sweep", "ray")
 def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
     from test_benchmark import free_port
