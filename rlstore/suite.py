@@ -466,7 +466,7 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
                     "new": "not started"}[state]  # fmt: skip
             if state in ("begun", "started"):  # (is it going on? its files say when)
                 word += f", written {ago(time.time() - last_written(run_dir))} ago"
-            steps, score, reached = 0, "-", "-"
+            steps, score, reached, speed = 0, "-", "-", None
             if summary is not None:
                 result = run_result(summary, suite.window, row.threshold, row.score,
                                     row.reach_window)  # fmt: skip
@@ -475,10 +475,10 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
                 score = f"{result['score']:,.1f}" if result["episodes"] else "-"
                 if result["reached_at"] is not None:
                     reached = f"{result['reached_at']:,}"
+                if steps and summary["wall_seconds"] > 0:  # (format 1 checkpoints: no time)
+                    speed = result["steps_per_second"]
             lines.append(f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
                          f"{row.steps:,} | {score} | {band} | {reached} |")  # fmt: skip
-            timed = summary is not None and steps and summary["wall_seconds"] > 0  # (format 1: 0)
-            speed = runs[-1][1]["steps_per_second"] if timed else None
             progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, speed))
         if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
             finished_rows.append(row_result(row, [result for _, result in runs]))
