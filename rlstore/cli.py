@@ -131,8 +131,8 @@ class BenchmarkArgs:
     cover those rows (the whole suite again reads back what finished)."""
     status: bool = False
     """Run nothing: print where each run stands (steps, score so far, from its newest
-    checkpoint while it is begun) and the results of the rows whose every seed finished.
-    Safe while the suite runs."""
+    checkpoint while it is begun), the hours left and the results of the rows whose every
+    seed finished. Safe while the suite runs."""
 
 
 @dataclass
