@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from rlstore import algos
 from rlstore.config import CommonConfig, resolve, run_dir_prefix
 from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.locks import holder
 
 if TYPE_CHECKING:
     from rlstore.run import Callback
@@ -99,6 +100,12 @@ class RunSpec:
         cfg, _ = self.config()
         for path in self.directories():
             check_same_config(path, self.algo, cfg)
+            pid = holder(path)
+            if pid is not None:  # resumed or removed, it would be damaged
+                raise UsageError(
+                    f"{path} is being trained by another process now (pid {pid}); wait for it "
+                    "or stop it first"
+                )
             done = finished_steps(path)
             if done is not None and done >= cfg.steps_run:
                 return "done", path

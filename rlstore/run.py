@@ -60,6 +60,7 @@ from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import TrainingInterrupted, UsageError
 from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.executor import RUNS_AT_ONCE, available_cores
+from rlstore.locks import DirectoryLock
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural, size
 
@@ -472,17 +473,34 @@ class Run:
         self.tracker: Any = None  # the W&B run, with --track
         self.stop_signal: int | None = None
         self._previous_handlers: dict[int, Any] = {}
+        self._lock: DirectoryLock | None = None  # the run directory's, from start()
 
     # -- the start ----------------------------------------------------------------------------
 
     def start(self, state: TrainingState) -> Run:
         """Make the run directory, or restore `state` and the run from the newest checkpoint
-        of the one being resumed; open TensorBoard, catch SIGINT/SIGTERM. Use as `with`."""
-        cfg, self.state = self.cfg, state
+        of the one being resumed; open TensorBoard, catch SIGINT/SIGTERM. Use as `with`.
+        The directory is locked until close(): another process cannot resume it meanwhile."""
         if self.resume_dir is None:
+            cfg = self.cfg
             self.dir = new_run_dir(cfg.logdir, cfg.env_id, cfg.exp_name or self.algo, cfg.seed)
         else:
             self.dir = Path(self.resume_dir)
+        self._lock = DirectoryLock(self.dir)
+        pid = self._lock.acquire()
+        if pid is not None:
+            raise UsageError(
+                f"{self.dir} is being trained by another process now (pid {pid}); wait for "
+                "it to end, or stop it (Ctrl-C checkpoints it), then resume"
+            )
+        try:
+            return self._start(state)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, state: TrainingState) -> Run:
+        cfg, self.state = self.cfg, state
         if cfg.eval_every:
             self.evaluator = Evaluator(self.algo, dataclasses.asdict(cfg), self.dir, None)
         if self.resume_dir is not None:
@@ -730,6 +748,8 @@ class Run:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers = {}
+        if self._lock is not None:
+            self._lock.release()
 
     def finish(self) -> TrainResult:
         """Evaluate the final policy (with --eval-every, when the run is complete and its

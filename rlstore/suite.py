@@ -41,6 +41,7 @@ from rlstore.executor import (
     check_workers,
     read_summary,
 )
+from rlstore.locks import DirectoryLock, holder
 from rlstore.text import plural
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "score", "row")
@@ -464,8 +465,9 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
             counts[state] += 1
             word = {"done": "finished", "begun": "begun", "started": "no checkpoint yet",
                     "new": "not started"}[state]  # fmt: skip
-            if state in ("begun", "started"):  # (is it going on? its files say when)
-                word += f", written {ago(time.time() - last_written(run_dir))} ago"
+            if state in ("begun", "started"):  # is it going on?
+                written = f"written {ago(time.time() - last_written(run_dir))} ago"
+                word += f", running ({written})" if holder(run_dir) else f", stopped ({written})"
             steps, score, reached, speed = 0, "-", "-", None
             if summary is not None:
                 result = run_result(summary, suite.window, row.threshold, row.score,
@@ -482,11 +484,13 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
             progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, speed))
         if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
             finished_rows.append(row_result(row, [result for _, result in runs]))
+    suite_pid = holder(out_dir)
     print(
         f"rlstore benchmark {suite.name} --status: {plural(sum(counts.values()), 'run')} in "
         f"{out_dir}: {counts['done']} finished, {counts['begun']} begun, "
         f"{counts['started']} without a checkpoint yet, {counts['new']} not started "
-        "(nothing was run or changed)"
+        "(nothing was run or changed); "
+        + (f"the suite is running (pid {suite_pid})" if suite_pid else "no suite runs it now")
     )
     print(f"Score so far: the mean of the last {suite.window} training returns (rows scored "
           "on evaluation: the newest evaluation); steps: the newest checkpoint's.\n")  # fmt: skip
@@ -539,14 +543,29 @@ def benchmark(
         )
     suite, out_dir = _suite_and_out(suite_arg, out, envs)
     preflight(suite.rows)
-    specs = run_order(suite.rows, out_dir)
-    states = [spec.state()[0] for spec in specs]
-    todo = still_to_run(specs, states)
     if address is None:
         executor = LocalExecutor(workers)
     else:
         executor = RayExecutor(address, workers, gpus_per_run)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(out_dir)  # (before any run's state is read: reading may remove)
+    pid = lock.acquire()
+    if pid is not None:
+        raise UsageError(
+            f"another rlstore benchmark runs in {out_dir} now (pid {pid}); wait for it or "
+            "stop it first (`--status` shows where it stands)"
+        )
+    try:
+        return _run_suite(suite, out_dir, executor, address, plot)
+    finally:
+        lock.release()
+
+
+def _run_suite(suite: Suite, out_dir: Path, executor: Any, address: str | None, plot: bool) -> int:
+    """benchmark() once it holds the suite's lock."""
+    specs = run_order(suite.rows, out_dir)
+    states = [spec.state()[0] for spec in specs]
+    todo = still_to_run(specs, states)
     where = f"Ray at {address}" if address else plural(executor.workers, "worker")
     print(
         f"rlstore benchmark {suite.name}: {plural(len(specs), 'run')} in {out_dir}: "

@@ -3,6 +3,7 @@ its table equals the same runs made by hand."""
 
 import inspect
 import json
+import os
 import re
 import shutil
 import signal
@@ -17,6 +18,7 @@ from extras import needs
 
 from rlstore.cli import BenchmarkArgs, main
 from rlstore.config import PRESET_DIR
+from rlstore.locks import DirectoryLock
 from rlstore.suite import (
     Row,
     RunProgress,
@@ -117,7 +119,7 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
         and "2 finished, 1 begun, 0 without a checkpoint yet, 0 not started" in text
     )
     (line,) = [x for x in text.splitlines() if x.startswith("| ppo | CartPole-v1 | 2 |")]
-    assert re.search(r"\| begun, written \d+ (s|min|h) ago \| 4,096 of 4,096 \| ", line)
+    assert re.search(r"\| begun, stopped \(written \d+ (s|min|h) ago\) \| 4,096 of 4,096 \| ", line)
     assert f" | {np.mean(returns[-100:]):,.1f} | [10, 500] |" in line
     assert "Rows with every seed finished:" in text and "Left:" not in text  # (all steps run)
     assert (
@@ -133,11 +135,28 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "1 finished, 1 begun, 1 without a checkpoint yet, 0 not started" in text
-    assert re.search(r"\| dqn-short \| CartPole-v1 \| 3 \| no checkpoint yet, written \d+ "
-                     r"(s|min|h) ago \| 0 of 3,000 \| - \|", text)  # fmt: skip
+    assert re.search(r"\| dqn-short \| CartPole-v1 \| 3 \| no checkpoint yet, stopped \(written "
+                     r"\d+ (s|min|h) ago\) \| 0 of 3,000 \| - \|", text)  # fmt: skip
     assert "No row has every seed finished yet." in text
     assert "not counted, with no run begun to time: dqn-short on CartPole-v1" in text
     assert tree(out) == before  # the directory a running run would be writing is still there
+
+    # A run or a suite that another process holds (here this one) reads as running; the
+    # suite itself will not start a second time on the same directory.
+    run_lock, suite_lock = DirectoryLock(begun), DirectoryLock(out)
+    assert run_lock.acquire() is None and suite_lock.acquire() is None
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"the suite is running (pid {os.getpid()})" in text
+    assert re.search(r"\| 2 \| begun, running \(written \d+ (s|min|h) ago\) \|", text)
+    assert main(args[:-1]) == 2
+    assert f"another rlstore benchmark runs in {out} now (pid {os.getpid()})" in (
+        capsys.readouterr().err
+    )
+    suite_lock.release()
+    assert main(args[:-1]) == 2  # the suite would resume the run another process trains
+    assert f"{begun} is being trained by another process now" in capsys.readouterr().err
+    run_lock.release()
 
     shutil.rmtree(out)
     assert main(args) == 0

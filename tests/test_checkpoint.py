@@ -169,6 +169,31 @@ def test_resume_takes_run_time_options_and_files_share_one_mode(tmp_path, capsys
     assert "unknown option --learning-rate" in capsys.readouterr().err
 
 
+def test_a_run_being_trained_is_not_resumed_twice_and_its_lock_dies_with_it(tmp_path, capsys):
+    """Another process holds the run (a `rlstore resume` still going, say): a second resume is
+    one line and changes nothing. Killed without a chance to clean up, the holder leaves no
+    stale lock: the resume then goes on."""
+    module, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path))
+    run_dir = module.train(cfg).run_dir
+    checkpoint_files(run_dir / "checkpoints")[0].unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from rlstore.locks import DirectoryLock; "
+         f"lock = DirectoryLock({str(run_dir)!r}); assert lock.acquire() is None; "
+         "print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    assert main(["resume", str(run_dir), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir} is being trained by another process now (pid {holder.pid})" in err
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+    holder.kill()
+    holder.wait()
+    assert main(["resume", str(run_dir), "--no-progress"]) == 0
+
+
 def test_resume_bad_input(tmp_path, capsys):
     assert main(["resume", str(tmp_path)]) == 2
     assert "is not a run directory (it has no config.json); give runs/<dir>" in (
