@@ -236,13 +236,16 @@ def seed_everything(seed: int) -> None:
 
 
 def new_run_dir(logdir: str, env_id: str, name: str, seed: int) -> Path:
-    """runs/{env}__{name}__{seed}__{unix time}, never an existing directory."""
+    """runs/{env}__{name}__{seed}__{unix time}, never an existing directory: mkdir decides,
+    so two runs started in the same second, even in two processes, get two directories."""
     base = Path(logdir) / f"{run_dir_prefix(env_id, name, seed)}{int(time.time())}"
     path, n = base, 1
-    while path.exists():
-        path, n = Path(f"{base}_{n}"), n + 1
-    path.mkdir(parents=True)
-    return path
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            path, n = Path(f"{base}_{n}"), n + 1
 
 
 def duration(seconds: float) -> str:

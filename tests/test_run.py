@@ -195,3 +195,24 @@ def test_callbacks_see_iterations_logs_and_checkpoints_and_can_stop_a_run(tmp_pa
     assert (result.run_dir / "model.pt").is_file()
     assert main(["resume", str(result.run_dir), "--no-progress"]) == 0
     assert json.loads((result.run_dir / "summary.json").read_text())["global_step"] == 4096
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    """The directory is claimed by mkdir itself: another process that made the name a moment
+    earlier (here: already there) moves this run on to the next free suffix."""
+    from rlstore.run import new_run_dir
+
+    monkeypatch.setattr("time.time", lambda: 1700000000.0)
+    taken = [
+        tmp_path / "CartPole-v1__ppo__1__1700000000",
+        tmp_path / "CartPole-v1__ppo__1__1700000000_1",
+    ]
+    for path in taken:
+        path.mkdir()
+        (path / "config.json").write_text("{}")
+    # as if each name were made by another process between a look and a mkdir
+    monkeypatch.setattr("pathlib.Path.exists", lambda self: False)
+    made = [new_run_dir(str(tmp_path), "CartPole-v1", "ppo", 1) for _ in range(2)]
+    assert [p.name for p in made] == ["CartPole-v1__ppo__1__1700000000_2",
+                                      "CartPole-v1__ppo__1__1700000000_3"]  # fmt: skip
+    assert all((p / "config.json").read_text() == "{}" for p in taken)  # untouched
