@@ -38,6 +38,9 @@ class DirectoryLock:
             pid = file.read().strip() or "?"
             file.close()
             return pid
+        except OSError:  # a file system without locks (some network mounts): go on unlocked
+            file.close()
+            return None
         file.truncate(0)
         file.write(str(os.getpid()))
         file.flush()
@@ -62,4 +65,6 @@ def holder(directory: Path) -> str | None:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return file.read().strip() or "?"
+        except OSError:  # (no locks on this file system)
+            return None
     return None
