@@ -212,21 +212,30 @@ def test_resume_bad_input(tmp_path, capsys):
     assert "use `rlstore resume" in capsys.readouterr().err
 
 
+def assert_env_state_continues_exactly(env_id: str, before: int, after: int, **kwargs):
+    """Step make_vec_env(env_id, **kwargs) `before` times, save its state, step it `after`
+    more; fresh envs given that state must step exactly alike. Returns (state, fresh envs)."""
+    envs = make_vec_env(env_id, seed=0, **kwargs)
+    envs.reset(seed=0)
+    for _ in range(before):
+        envs.step(envs.action_space.sample())
+    state = env_state(envs)
+    first = [envs.step(envs.action_space.sample())[:4] for _ in range(after)]
+    other = make_vec_env(env_id, seed=9, **kwargs)
+    other.reset(seed=9)
+    load_env_state(other, state)
+    second = [other.step(other.action_space.sample())[:4] for _ in range(after)]
+    for a, b in zip(first, second):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    return state, other
+
+
 def test_env_state_round_trip_is_exact():
     for env_id, vectorization in [("CartPole-v1", "native"), ("Acrobot-v1", "sync")]:
-        envs = make_vec_env(env_id, 3, seed=0, vectorization=vectorization, max_episode_steps=20)
-        envs.reset(seed=0)
-        for _ in range(25):
-            envs.step(envs.action_space.sample())
-        state = env_state(envs)
-        first = [envs.step(envs.action_space.sample())[:4] for _ in range(30)]
-        other = make_vec_env(env_id, 3, seed=9, vectorization=vectorization, max_episode_steps=20)
-        other.reset(seed=9)
-        load_env_state(other, state)
-        second = [other.step(other.action_space.sample())[:4] for _ in range(30)]
-        for a, b in zip(first, second):
-            for x, y in zip(a, b):
-                np.testing.assert_array_equal(x, y)
+        assert_env_state_continues_exactly(
+            env_id, 25, 30, num_envs=3, vectorization=vectorization, max_episode_steps=20
+        )
 
 
 @needs("mujoco", "mujoco")
@@ -234,19 +243,9 @@ def test_mujoco_env_state_round_trip_is_exact():
     """Ant's reward reads body positions that the last substep computed (not only qpos and
     qvel): the whole MjData must come back. Truncated every 20 steps, Ant also terminates."""
     for env_id in ["HalfCheetah-v4", "Ant-v4"]:
-        envs = make_vec_env(env_id, 2, seed=0, vectorization="sync", max_episode_steps=20)
-        envs.reset(seed=0)
-        for _ in range(25):
-            envs.step(envs.action_space.sample())
-        state = env_state(envs)
-        first = [envs.step(envs.action_space.sample())[:4] for _ in range(50)]
-        other = make_vec_env(env_id, 2, seed=9, vectorization="sync", max_episode_steps=20)
-        other.reset(seed=9)
-        load_env_state(other, state)
-        second = [other.step(other.action_space.sample())[:4] for _ in range(50)]
-        for a, b in zip(first, second):
-            for x, y in zip(a, b):
-                np.testing.assert_array_equal(x, y)
+        assert_env_state_continues_exactly(
+            env_id, 25, 50, num_envs=2, vectorization="sync", max_episode_steps=20
+        )
 
 
 @needs("box2d", "Box2D")
@@ -257,21 +256,9 @@ def test_lunar_lander_replays_its_episode_exactly(lean, capsys):
     in rlstore's sync vector env and Gymnasium's. BipedalWalker's does not replay exactly
     (its world keeps state across episodes): it stays unsaveable."""
     for env_id in ["LunarLander-v3", "LunarLanderContinuous-v3"]:
-        envs = make_vec_env(env_id, 2, seed=0, vectorization="sync", max_episode_steps=40,
-                            lean=lean)  # fmt: skip
-        envs.reset(seed=0)
-        for _ in range(95):
-            envs.step(envs.action_space.sample())
-        state = env_state(envs)
-        first = [envs.step(envs.action_space.sample())[:4] for _ in range(120)]
-        other = make_vec_env(env_id, 2, seed=9, vectorization="sync", max_episode_steps=40,
-                             lean=lean)  # fmt: skip
-        other.reset(seed=9)
-        load_env_state(other, state)
-        second = [other.step(other.action_space.sample())[:4] for _ in range(120)]
-        for a, b in zip(first, second):
-            for x, y in zip(a, b):
-                np.testing.assert_array_equal(x, y)
+        state, other = assert_env_state_continues_exactly(
+            env_id, 95, 120, num_envs=2, vectorization="sync", max_episode_steps=40, lean=lean
+        )
         assert "warning" not in capsys.readouterr().err
     state["envs"][1][0]["__replay__"]["actions"][-1] += 1  # a replay that ends elsewhere
     load_env_state(other, state)
