@@ -1,6 +1,7 @@
 """SAC, TD3 and DDPG: the squashed Gaussian's log-prob, critic targets against naive
 references, the entropy coefficient's update, TD3's target smoothing and policy delay,
-DDPG's single critic, the soft target update, the gradient-step schedule, and runs."""
+DDPG's single critic, the soft target update, the gradient-step schedule, TD3's and DDPG's
+gradient steps against stable-baselines3's, and runs."""
 
 import copy
 import math
@@ -10,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from extras import needs
 from tiny_runs import SETUPS, Watch, replace
 
 from rlstore.algos import ddpg, sac, td3
@@ -25,7 +27,7 @@ from rlstore.networks import (
     SquashedGaussianActorCritic,
     squashed_gaussian_log_prob,
 )
-from rlstore.storage.replay import ReplayBuffer
+from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 
 def change_of_variables(u, mean, std, scale, bias):
@@ -470,3 +472,98 @@ def test_anneal_lr_fixed_alpha_and_exploration_noise_reach_the_run(logdir):
     from rlstore import load_policy
 
     assert load_policy(noisy.run_dir).network.exploration_noise == 0.37
+
+
+class _Batches:
+    """A stand-in replay buffer whose `sample` hands out given batches in turn."""
+
+    def __init__(self, batches):
+        self.batches = iter(batches)
+
+    def sample(self, batch_size, env=None):
+        return next(self.batches)
+
+
+@needs("bench", "stable_baselines3")
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
+    """An independent reference: from the same weights, batches and random draws, six of
+    our gradient steps (three with the delayed actor and target updates) leave every
+    network where six of SB3's TD3.train steps leave it (DDPG: SB3's TD3 with one critic
+    and no smoothing, at TD3's policy delay, as CleanRL's DDPG). Actions in [-1, 1], where
+    SB3's normalized actions are the env's."""
+    from stable_baselines3 import TD3
+    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    cfg = TD3Config() if algo == "td3" else DDPGConfig()
+    obs_dim, action_dim, hidden, size = 5, 3, (32, 32), 64
+    env = gym.make("Pendulum-v1")  # (only its spaces are read; replaced below)
+    env.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+    env.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
+    torch.manual_seed(0)
+    model = TD3("MlpPolicy", env, learning_rate=cfg.learning_rate, batch_size=size,
+                tau=cfg.tau, gamma=cfg.gamma, policy_delay=cfg.policy_frequency,
+                target_policy_noise=cfg.policy_noise, target_noise_clip=cfg.noise_clip,
+                policy_kwargs=dict(net_arch=list(hidden), n_critics=cfg.critics),
+                learning_starts=0, device="cpu")  # fmt: skip
+    model.set_logger(configure(None, []))
+    agent = DeterministicActorCritic(obs_dim, [-1.0] * action_dim, [1.0] * action_dim, hidden,
+                                     critics=cfg.critics)  # fmt: skip
+    for p in agent.parameters():
+        p.data.normal_(0.0, 0.3)
+    target = copy.deepcopy(agent)
+    for p in target.parameters():
+        p.data += 0.1 * torch.randn_like(p)
+
+    def pairs(ours, theirs):
+        """Our (actor, critics) next to SB3's, layer by layer."""
+        return [(ours.actor, theirs.actor.mu)] + [
+            (getattr(ours.critic, f"q{i + 1}"), q) for i, q in enumerate(theirs.critic.q_networks)
+        ]
+
+    class Theirs:
+        actor, critic = model.actor, model.critic
+
+    class TheirTarget:
+        actor, critic = model.actor_target, model.critic_target
+
+    for ours, theirs in ((agent, Theirs), (target, TheirTarget)):
+        for a, b in pairs(ours, theirs):
+            b.load_state_dict(a.state_dict(), strict=False)
+            assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+    batches, samples = [], []
+    for _ in range(6):
+        terminated = torch.rand(size) < 0.3
+        batch = ReplayBatch(obs=torch.randn(size, obs_dim),
+                            actions=torch.rand(size, action_dim) * 2 - 1,
+                            rewards=torch.randn(size), next_obs=torch.randn(size, obs_dim),
+                            terminated=terminated, discounts=torch.full((size,), cfg.gamma),
+                            weights=torch.ones(size), indices=torch.arange(size))  # fmt: skip
+        batches.append(batch)
+        samples.append(ReplayBufferSamples(batch.obs, batch.actions, batch.next_obs,
+                                           terminated.float()[:, None], batch.rewards[:, None],
+                                           None))  # fmt: skip
+    actor_opt = torch.optim.Adam(agent.actor.parameters(), lr=cfg.learning_rate, fused=True)
+    critic_opt = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate, fused=True)
+    ours_buffer, model.replay_buffer = _Batches(batches), _Batches(samples)
+    for number in range(1, 7):
+        torch.manual_seed(number)  # the same smoothing noise for both
+        logged = td3.gradient_step(number, agent, target, actor_opt, critic_opt, ours_buffer,
+                                   cfg)  # fmt: skip
+        torch.manual_seed(number)
+        model.train(gradient_steps=1, batch_size=size)
+        theirs = model.logger.name_to_value  # (SB3 logs the critics' summed loss)
+        critic_loss = logged["losses/qf_loss"].item() * cfg.critics
+        assert critic_loss == pytest.approx(theirs["train/critic_loss"], rel=1e-6)
+        if "losses/actor_loss" in logged:
+            actor_loss = logged["losses/actor_loss"].item()
+            assert actor_loss == pytest.approx(theirs["train/actor_loss"], rel=1e-5)
+    assert model._n_updates == 6
+    for ours, theirs in ((agent, Theirs), (target, TheirTarget)):
+        for a, b in pairs(ours, theirs):
+            for x, y in zip(a.parameters(), b.parameters()):
+                torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    moved = [not torch.equal(a, b) for a, b in zip(agent.parameters(), target.parameters())]
+    assert all(moved)
