@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import sys
@@ -43,7 +44,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlstore.envs import EpisodeRecorder
+from rlstore.envs import WORKER_ACCESS, EpisodeRecorder, WorkerAccess
 from rlstore.files import atomic_save, safe_load
 from rlstore.lean import LeanSyncVectorEnv
 
@@ -233,8 +234,9 @@ def _tuples(x: Any) -> Any:
 
 # Envs whose whole state is plain attributes (numbers, arrays, generators), Gymnasium's
 # MuJoCo envs (plain attributes and their MjData) and the envs whose episodes replay
-# (envs.REPLAYED_ENVS: LunarLander): these resume exactly. Others (BipedalWalker, Atari,
-# async workers) resume with freshly reset envs.
+# (envs.REPLAYED_ENVS: LunarLander): these resume exactly, in sync or async vector envs
+# (the latter through envs.WorkerAccess). Others (BipedalWalker, Atari) resume with freshly
+# reset envs.
 SAVEABLE_ENVS = (
     "CartPoleEnv",
     "CartPoleVectorEnv",
@@ -251,6 +253,7 @@ _SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens"
 # read them before the next, so qpos and qvel alone do not continue the episode exactly.
 _MJDATA, _MUJOCO_VERSION = "__mjdata__", "__mujoco_version__"
 _REPLAY = "__replay__"  # an EpisodeRecorder's episode (rlstore/envs.py)
+_SPACES = ("action_space", "single_action_space", "observation_space", "single_observation_space")
 
 
 def _is_mujoco(env: gym.Env) -> bool:
@@ -260,7 +263,15 @@ def _is_mujoco(env: gym.Env) -> bool:
 def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
     """The vector env's full state, or None when it cannot be captured exactly."""
     if isinstance(envs, gym.vector.AsyncVectorEnv):
-        return None
+        if not envs.metadata.get(WORKER_ACCESS):
+            return None  # (Atari's, or envs built elsewhere)
+        subs = [pickle.loads(sub) for sub in envs.call("apply", _worker_env_chain)]
+        if any(s is None for s in subs):
+            return None
+        # of the parent's own attributes, only the spaces' generators (its observations are
+        # a view of the workers' shared memory, which a restore must not replace)
+        spaces = {name: _plain(getattr(envs, name)) for name in _SPACES}
+        return {"vector": spaces, "envs": list(subs)}
     if isinstance(envs, (gym.vector.SyncVectorEnv, LeanSyncVectorEnv)):
         subs = [_env_chain(env) for env in envs.envs]
         if any(s is None for s in subs):
@@ -291,6 +302,11 @@ _RENAMED = {
 
 def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
     """Restore what env_state saved (see env_state_loads first)."""
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        _restore(envs, state["vector"])
+        envs.set_attr("restoring", [pickle.dumps(chain) for chain in state["envs"]])
+        envs.call("apply", _worker_load_chain)
+        return
     vector = state["vector"]
     if isinstance(envs, LeanSyncVectorEnv):
         vector = {_RENAMED.get(k, k): v for k, v in vector.items() if k != "_env_obs"}
@@ -298,21 +314,48 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
     if state["envs"]:
         saved_obs = vector.get("observations", vector.get("_observations"))
         for i, (env, chain) in enumerate(zip(envs.envs, state["envs"], strict=True)):
-            if _REPLAY in chain[0]:
-                replay = chain[0][_REPLAY]
-                obs = env.replay(replay["seed"], replay["generator"], replay["actions"].numpy())
-                if saved_obs is not None and not np.array_equal(obs, saved_obs[i].numpy()):
-                    print(f"rlstore: warning: env {i}'s replayed episode ended elsewhere than "
-                          "it was saved; the run goes on from the replay, not bitwise as it "
-                          "would have", file=sys.stderr)  # fmt: skip
-                continue
-            layer = env
-            for attributes in chain:
-                if _MJDATA in attributes:
-                    _restore_mjdata(layer, attributes[_MJDATA])
-                _restore(layer, {k: v for k, v in attributes.items()
-                                 if k not in (_MJDATA, _MUJOCO_VERSION)})  # fmt: skip
-                layer = getattr(layer, "env", None)
+            obs = _load_chain(env, chain)
+            if (
+                obs is not None
+                and saved_obs is not None
+                and not np.array_equal(obs, saved_obs[i].numpy())
+            ):
+                print(f"rlstore: warning: env {i}'s replayed episode ended elsewhere than "
+                      "it was saved; the run goes on from the replay, not bitwise as it "
+                      "would have", file=sys.stderr)  # fmt: skip
+
+
+def _load_chain(env: gym.Env, chain: list[dict[str, Any]]) -> Any:
+    """Restore one env from what _env_chain saved; the last observation of a replayed
+    episode (None when it was not replayed)."""
+    if _REPLAY in chain[0]:
+        replay = chain[0][_REPLAY]
+        return env.replay(replay["seed"], replay["generator"], replay["actions"].numpy())
+    layer = env
+    for attributes in chain:
+        if _MJDATA in attributes:
+            _restore_mjdata(layer, attributes[_MJDATA])
+        _restore(layer, {k: v for k, v in attributes.items()
+                         if k not in (_MJDATA, _MUJOCO_VERSION)})  # fmt: skip
+        layer = getattr(layer, "env", None)
+    return None
+
+
+# Run inside an async vector env's workers, on each env's WorkerAccess (rlstore/envs.py):
+# the access layer's own flag first, then the chain of the env beneath it. The chains cross
+# the pipes pickled: the pipes' own pickler would pass tensors as shared memory, through a
+# file-descriptor server that hangs between forked workers and their parent.
+
+
+def _worker_env_chain(access: WorkerAccess) -> bytes:
+    chain = _env_chain(access.env)
+    return pickle.dumps(None if chain is None else [{"reset_due": access.reset_due}, *chain])
+
+
+def _worker_load_chain(access: WorkerAccess) -> None:
+    chain, access.restoring = pickle.loads(access.restoring), None
+    _restore(access, chain[0])
+    _load_chain(access.env, chain[1:])
 
 
 def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -218,6 +219,42 @@ class EpisodeRecorder(gym.Wrapper):
         return obs
 
 
+# The metadata key that says an async vector env's envs are wrapped in WorkerAccess: asking
+# a worker for an attribute its env lacks would end the worker.
+WORKER_ACCESS = "rlstore_worker_access"
+
+
+class WorkerAccess(gym.Wrapper):
+    """The outermost wrapper of each env of an async vector env, in its worker process, where
+    a checkpoint cannot reach the env itself: `apply` runs a function on the env there (so
+    rlstore/checkpoint.py saves and restores it through `AsyncVectorEnv.call`). The worker
+    keeps its NEXT_STEP autoreset flag to itself; `reset_due` mirrors it, so that an env
+    restored at the end of an episode takes its reset at the next step, as the worker would
+    have, instead of stepping on (a fresh worker's flag is down)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.reset_due = False
+        self.restoring: Any = None  # what the next `apply` restores (set through set_attr)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self.reset_due = False
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        if self.reset_due:  # only after a restore: otherwise the worker resets first
+            obs, info = self.reset()
+            return obs, 0.0, False, False, info
+        result = self.env.step(action)
+        self.reset_due = bool(result[2] or result[3])
+        return result
+
+    def apply(self, function: Callable[[WorkerAccess], Any]) -> Any:
+        return function(self)
+
+
 def replayed(spec: gym.envs.registration.EnvSpec) -> bool:
     """Whether the env's episodes replay exactly (REPLAYED_ENVS)."""
     return str(spec.entry_point).rpartition(":")[2] in REPLAYED_ENVS
@@ -257,9 +294,14 @@ def _make_gymnasium_vec_env(
             return LeanSyncVectorEnv(env_fns, infos)
         except TypeError:  # observations it does not handle: rlstore refuses them later
             return gym.vector.SyncVectorEnv(env_fns)
-    wrappers = [EpisodeRecorder] if mode == "sync" and replayed(spec) else None
-    return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=wrappers,
+    wrappers = [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
+    if mode == "async":
+        wrappers.append(WorkerAccess)
+    envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=wrappers,
                         **kwargs)  # fmt: skip
+    if mode == "async":  # (a copy: the class's own dict is shared)
+        envs.metadata = {**envs.metadata, WORKER_ACCESS: True}
+    return envs
 
 
 def check_atari_options(cfg: CommonConfig) -> None:

@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from extras import needs
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from tiny_runs import SETUPS, Watch, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
@@ -238,13 +240,26 @@ def test_env_state_round_trip_is_exact():
         )
 
 
+def test_async_env_state_round_trip_is_exact():
+    """Async workers, reached through their WorkerAccess wrappers; saved where one env's
+    episode has just ended, whose worker owes it a reset at the next step (the worker's own
+    flag is down in a fresh worker), and where none has."""
+    for before, reset_due in [(20, [False, False, True]), (21, [False, False, False])]:
+        state, other = assert_env_state_continues_exactly(
+            "CartPole-v1", before, 40, num_envs=3, vectorization="async", max_episode_steps=20
+        )
+        assert [chain[0]["reset_due"] for chain in state["envs"]] == reset_due
+        other.close()
+
+
 @needs("mujoco", "mujoco")
 def test_mujoco_env_state_round_trip_is_exact():
     """Ant's reward reads body positions that the last substep computed (not only qpos and
     qvel): the whole MjData must come back. Truncated every 20 steps, Ant also terminates."""
-    for env_id in ["HalfCheetah-v4", "Ant-v4"]:
+    for env_id, vectorization in [("HalfCheetah-v4", "sync"), ("Ant-v4", "sync"),
+                                  ("Ant-v4", "async")]:  # fmt: skip
         assert_env_state_continues_exactly(
-            env_id, 25, 50, num_envs=2, vectorization="sync", max_episode_steps=20
+            env_id, 25, 50, num_envs=2, vectorization=vectorization, max_episode_steps=20
         )
 
 
@@ -263,6 +278,9 @@ def test_lunar_lander_replays_its_episode_exactly(lean, capsys):
     state["envs"][1][0]["__replay__"]["actions"][-1] += 1  # a replay that ends elsewhere
     load_env_state(other, state)
     assert "env 1's replayed episode ended elsewhere than it was saved" in capsys.readouterr().err
+    assert_env_state_continues_exactly(
+        "LunarLander-v3", 95, 120, num_envs=2, vectorization="async", max_episode_steps=40
+    )
     walker = make_vec_env("BipedalWalker-v3", 1, seed=0, vectorization="sync", lean=lean)
     walker.reset(seed=0)
     assert env_state(walker) is None
@@ -314,15 +332,30 @@ def test_a_mujoco_run_resumes_bitwise_and_other_versions_resume_fresh(
     )
 
 
-def test_unsaveable_envs_resume_fresh_with_one_line(tmp_path, capsys):
+class UnknownCartPole(CartPoleEnv):
+    """An env rlstore does not know how to save (its class is not among SAVEABLE_ENVS)."""
+
+
+def test_an_async_run_resumes_bitwise_and_unsaveable_envs_resume_fresh(tmp_path, capsys):
     _, cfg = SETUPS["ppo"]
     cfg = replace(cfg, logdir=str(tmp_path), vectorization="async", num_envs=2, num_steps=64,
                   total_timesteps=1024, checkpoint_every=512)  # fmt: skip
-    run = ppo.train(cfg)
-    checkpoint_files(run.run_dir / "checkpoints")[0].unlink()
+    full = ppo.train(cfg)
+    checkpoint_files(full.run_dir / "checkpoints")[0].unlink()
     capsys.readouterr()
-    ppo.train(cfg, resume=run.run_dir)
-    assert "cannot be saved; resuming with freshly reset envs" in capsys.readouterr().err
+    resumed = ppo.train(cfg, resume=full.run_dir)
+    assert "freshly reset" not in capsys.readouterr().err
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+
+    gym.register("rlstore-test/Unknown-v0", entry_point=UnknownCartPole, max_episode_steps=50)
+    for vectorization in ["sync", "async"]:
+        unknown = replace(cfg, env_id="rlstore-test/Unknown-v0", vectorization=vectorization)
+        run = ppo.train(unknown)
+        checkpoint_files(run.run_dir / "checkpoints")[0].unlink()
+        capsys.readouterr()
+        ppo.train(unknown, resume=run.run_dir)
+        assert "cannot be saved; resuming with freshly reset envs" in capsys.readouterr().err
 
 
 @pytest.mark.slow
