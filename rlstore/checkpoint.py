@@ -37,6 +37,7 @@ import pickle
 import random
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,10 +269,11 @@ def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
         subs = [pickle.loads(sub) for sub in envs.call("apply", _worker_env_chain)]
         if any(s is None for s in subs):
             return None
-        # of the parent's own attributes, only the spaces' generators (its observations are
-        # a view of the workers' shared memory, which a restore must not replace)
-        spaces = {name: _plain(getattr(envs, name)) for name in _SPACES}
-        return {"vector": spaces, "envs": list(subs)}
+        # of the parent's own attributes, the spaces' generators, and its observations for
+        # the replays' check (a view of the workers' shared memory: never restored)
+        vector = {name: _plain(getattr(envs, name)) for name in _SPACES}
+        vector["observations"] = _plain(np.asarray(envs.observations))
+        return {"vector": vector, "envs": subs}
     if isinstance(envs, (gym.vector.SyncVectorEnv, LeanSyncVectorEnv)):
         subs = [_env_chain(env) for env in envs.envs]
         if any(s is None for s in subs):
@@ -302,27 +304,30 @@ _RENAMED = {
 
 def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
     """Restore what env_state saved (see env_state_loads first)."""
-    if isinstance(envs, gym.vector.AsyncVectorEnv):
-        _restore(envs, state["vector"])
-        envs.set_attr("restoring", [pickle.dumps(chain) for chain in state["envs"]])
-        envs.call("apply", _worker_load_chain)
-        return
     vector = state["vector"]
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        _restore(envs, {name: vector[name] for name in _SPACES})
+        envs.set_attr("restoring", [pickle.dumps(chain) for chain in state["envs"]])
+        _check_replays(envs.call("apply", _worker_load_chain), vector["observations"])
+        return
     if isinstance(envs, LeanSyncVectorEnv):
         vector = {_RENAMED.get(k, k): v for k, v in vector.items() if k != "_env_obs"}
     _restore(envs, vector)
     if state["envs"]:
-        saved_obs = vector.get("observations", vector.get("_observations"))
-        for i, (env, chain) in enumerate(zip(envs.envs, state["envs"], strict=True)):
-            obs = _load_chain(env, chain)
-            if (
-                obs is not None
-                and saved_obs is not None
-                and not np.array_equal(obs, saved_obs[i].numpy())
-            ):
-                print(f"rlstore: warning: env {i}'s replayed episode ended elsewhere than "
-                      "it was saved; the run goes on from the replay, not bitwise as it "
-                      "would have", file=sys.stderr)  # fmt: skip
+        ends = [
+            _load_chain(env, chain) for env, chain in zip(envs.envs, state["envs"], strict=True)
+        ]
+        _check_replays(ends, vector.get("observations", vector.get("_observations")))
+
+
+def _check_replays(ends: Sequence[Any], saved_obs: torch.Tensor | None) -> None:
+    """Warn about each replayed episode (its end in `ends`; None where not replayed) that
+    ended elsewhere than the observation saved."""
+    for i, obs in enumerate(ends):
+        if obs is not None and saved_obs is not None and not np.array_equal(obs, saved_obs[i]):
+            print(f"rlstore: warning: env {i}'s replayed episode ended elsewhere than it "
+                  "was saved; the run goes on from the replay, not bitwise as it would have",
+                  file=sys.stderr)  # fmt: skip
 
 
 def _load_chain(env: gym.Env, chain: list[dict[str, Any]]) -> Any:
@@ -352,10 +357,10 @@ def _worker_env_chain(access: WorkerAccess) -> bytes:
     return pickle.dumps(None if chain is None else [{"reset_due": access.reset_due}, *chain])
 
 
-def _worker_load_chain(access: WorkerAccess) -> None:
+def _worker_load_chain(access: WorkerAccess) -> Any:
     chain, access.restoring = pickle.loads(access.restoring), None
     _restore(access, chain[0])
-    _load_chain(access.env, chain[1:])
+    return _load_chain(access.env, chain[1:])
 
 
 def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:

@@ -278,15 +278,24 @@ def test_lunar_lander_replays_its_episode_exactly(lean, capsys):
     state["envs"][1][0]["__replay__"]["actions"][-1] += 1  # a replay that ends elsewhere
     load_env_state(other, state)
     assert "env 1's replayed episode ended elsewhere than it was saved" in capsys.readouterr().err
-    assert_env_state_continues_exactly(
-        "LunarLander-v3", 95, 120, num_envs=2, vectorization="async", max_episode_steps=40
-    )
     walker = make_vec_env("BipedalWalker-v3", 1, seed=0, vectorization="sync", lean=lean)
     walker.reset(seed=0)
     assert env_state(walker) is None
     lander = make_vec_env("LunarLander-v3", 1, seed=0, vectorization="sync", lean=lean)
     lander.reset(seed=0, options={"wind": 1})  # (options it cannot replay)
     assert env_state(lander) is None
+
+
+@needs("box2d", "Box2D")
+def test_lunar_lander_replays_its_episode_in_async_workers(capsys):
+    state, other = assert_env_state_continues_exactly(
+        "LunarLander-v3", 95, 120, num_envs=2, vectorization="async", max_episode_steps=40
+    )
+    assert "warning" not in capsys.readouterr().err
+    state["envs"][0][1]["__replay__"]["actions"][-1] += 1  # (after the worker's own layer)
+    load_env_state(other, state)
+    assert "env 0's replayed episode ended elsewhere than it was saved" in capsys.readouterr().err
+    other.close()
 
 
 @needs("box2d", "Box2D")
