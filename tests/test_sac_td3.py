@@ -1,7 +1,8 @@
 """SAC, TD3 and DDPG: the squashed Gaussian's log-prob, critic targets against naive
 references, the entropy coefficient's update, TD3's target smoothing and policy delay,
 DDPG's single critic, the soft target update, the gradient-step schedule, TD3's and DDPG's
-gradient steps against stable-baselines3's, and runs."""
+gradient steps against stable-baselines3's, SAC's against a naive transcription of
+CleanRL's, and runs."""
 
 import copy
 import math
@@ -13,6 +14,7 @@ import pytest
 import torch
 from extras import needs
 from tiny_runs import SETUPS, Watch, replace
+from torch.nn import functional as F
 
 from rlstore.algos import ddpg, sac, td3
 from rlstore.algos._off_policy import gradient_steps
@@ -474,6 +476,17 @@ def test_anneal_lr_fixed_alpha_and_exploration_noise_reach_the_run(logdir):
     assert load_policy(noisy.run_dir).network.exploration_noise == 0.37
 
 
+def random_batches(count, size, obs_dim, scale, gamma):
+    """`count` replay batches of random transitions, actions in [-scale, scale], about a
+    third of them terminated."""
+    return [ReplayBatch(obs=torch.randn(size, obs_dim),
+                        actions=(torch.rand(size, len(scale)) * 2 - 1) * scale,
+                        rewards=torch.randn(size), next_obs=torch.randn(size, obs_dim),
+                        terminated=torch.rand(size) < 0.3, discounts=torch.full((size,), gamma),
+                        weights=torch.ones(size), indices=torch.arange(size))
+            for _ in range(count)]  # fmt: skip
+
+
 class _Batches:
     """A stand-in replay buffer whose `sample` hands out given batches in turn."""
 
@@ -533,18 +546,9 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
             b.load_state_dict(a.state_dict(), strict=False)
             assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
-    batches, samples = [], []
-    for _ in range(6):
-        terminated = torch.rand(size) < 0.3
-        batch = ReplayBatch(obs=torch.randn(size, obs_dim),
-                            actions=torch.rand(size, action_dim) * 2 - 1,
-                            rewards=torch.randn(size), next_obs=torch.randn(size, obs_dim),
-                            terminated=terminated, discounts=torch.full((size,), cfg.gamma),
-                            weights=torch.ones(size), indices=torch.arange(size))  # fmt: skip
-        batches.append(batch)
-        samples.append(ReplayBufferSamples(batch.obs, batch.actions, batch.next_obs,
-                                           terminated.float()[:, None], batch.rewards[:, None],
-                                           None))  # fmt: skip
+    batches = random_batches(6, size, obs_dim, torch.ones(action_dim), cfg.gamma)
+    samples = [ReplayBufferSamples(b.obs, b.actions, b.next_obs, b.terminated.float()[:, None],
+                                   b.rewards[:, None], None) for b in batches]  # fmt: skip
     actor_opt = torch.optim.Adam(agent.actor.parameters(), lr=cfg.learning_rate, fused=True)
     critic_opt = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate, fused=True)
     ours_buffer, model.replay_buffer = _Batches(batches), _Batches(samples)
@@ -567,3 +571,106 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
                 torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     moved = [not torch.equal(a, b) for a, b in zip(agent.parameters(), target.parameters())]
     assert all(moved)
+
+
+def test_sac_gradient_steps_equal_a_naive_transcription_of_cleanrls():
+    """An independent reference: CleanRL's sac_continuous_action.py update written out
+    naively (the log-prob as log N(u) - sum log(scale * (1 - tanh(u)^2)), its Adam
+    optimizers unfused, its own target update), from the same weights, batches and draws:
+    six steps (three with the two delayed actor and entropy-coefficient steps) give the same
+    losses at every step and the same networks and log-alpha after. Small weights keep the
+    actions off the box's edges, where the two log-prob forms part in rounding."""
+    cfg = SACConfig()
+    obs_dim, low, high, size = 5, [-2.0, -1.0], [2.0, 1.0], 64
+    scale, bias = torch.tensor([2.0, 1.0]), torch.tensor([0.0, 0.0])
+    torch.manual_seed(0)
+    agent = SquashedGaussianActorCritic(obs_dim, low, high, (32, 32))
+    for p in agent.parameters():
+        p.data.mul_(0.5)
+    target_critic = copy.deepcopy(agent.critic)
+    for p in target_critic.parameters():  # (targets that lag, as they do in training)
+        p.data += 0.1 * torch.randn_like(p)
+    entropy = EntropyCoefficient()
+    ref_actor, ref_q1, ref_q2 = (copy.deepcopy(m) for m in (agent.actor, agent.critic.q1,
+                                                            agent.critic.q2))  # fmt: skip
+    ref_q1_target, ref_q2_target = copy.deepcopy(target_critic.q1), copy.deepcopy(target_critic.q2)
+    ref_log_alpha = torch.zeros(1, requires_grad=True)
+    target_entropy = -2.0
+
+    def ref_act(obs):
+        mean, raw = ref_actor(obs).chunk(2, -1)
+        log_std = -5.0 + 0.5 * (2.0 - -5.0) * (torch.tanh(raw) + 1.0)
+        u = mean + log_std.exp() * torch.randn_like(mean)
+        gaussian = torch.distributions.Normal(mean, log_std.exp()).log_prob(u)
+        log_prob = (gaussian - torch.log(scale * (1.0 - torch.tanh(u) ** 2))).sum(-1)
+        return torch.tanh(u) * scale + bias, log_prob
+
+    def ref_q(q, obs, action):
+        return q(torch.cat([obs, action], 1)).view(-1)
+
+    ref_q_opt = torch.optim.Adam([*ref_q1.parameters(), *ref_q2.parameters()], lr=cfg.q_lr)
+    ref_actor_opt = torch.optim.Adam(ref_actor.parameters(), lr=cfg.policy_lr)
+    ref_alpha_opt = torch.optim.Adam([ref_log_alpha], lr=cfg.q_lr)
+
+    def ref_step(number, batch):
+        """CleanRL's loop body after learning_starts, for one gradient step."""
+        losses = {}
+        alpha = ref_log_alpha.exp().item()
+        with torch.no_grad():
+            next_actions, next_log_pi = ref_act(batch.next_obs)
+            min_next = torch.min(ref_q(ref_q1_target, batch.next_obs, next_actions),
+                                 ref_q(ref_q2_target, batch.next_obs, next_actions))  # fmt: skip
+            min_next = min_next - alpha * next_log_pi
+            not_done = 1.0 - batch.terminated.float()
+            next_q = batch.rewards + not_done * cfg.gamma * min_next
+        q1_loss = F.mse_loss(ref_q(ref_q1, batch.obs, batch.actions), next_q)
+        q2_loss = F.mse_loss(ref_q(ref_q2, batch.obs, batch.actions), next_q)
+        ref_q_opt.zero_grad()
+        (q1_loss + q2_loss).backward()
+        ref_q_opt.step()
+        losses |= {"losses/qf1_loss": q1_loss.item(), "losses/qf2_loss": q2_loss.item()}
+        if number % cfg.policy_frequency == 0:
+            for _ in range(cfg.policy_frequency):
+                pi, log_pi = ref_act(batch.obs)
+                min_q_pi = torch.min(ref_q(ref_q1, batch.obs, pi), ref_q(ref_q2, batch.obs, pi))
+                actor_loss = ((alpha * log_pi) - min_q_pi).mean()
+                ref_actor_opt.zero_grad()
+                actor_loss.backward()
+                ref_actor_opt.step()
+                with torch.no_grad():
+                    _, log_pi = ref_act(batch.obs)
+                alpha_loss = (-ref_log_alpha.exp() * (log_pi + target_entropy)).mean()
+                ref_alpha_opt.zero_grad()
+                alpha_loss.backward()
+                ref_alpha_opt.step()
+                alpha = ref_log_alpha.exp().item()
+                losses |= {"losses/actor_loss": actor_loss.item(),
+                           "losses/alpha_loss": alpha_loss.item()}  # fmt: skip
+        for online, target in ((ref_q1, ref_q1_target), (ref_q2, ref_q2_target)):
+            for param, target_param in zip(online.parameters(), target.parameters()):
+                target_param.data.copy_(cfg.tau * param.data + (1 - cfg.tau) * target_param.data)
+        return losses
+
+    batches = random_batches(6, size, obs_dim, scale, cfg.gamma)
+    optimizers = sac.Optimizers(
+        actor=torch.optim.Adam(agent.actor.parameters(), lr=cfg.policy_lr, fused=True),
+        critic=torch.optim.Adam(agent.critic.parameters(), lr=cfg.q_lr, fused=True),
+        alpha=torch.optim.Adam([entropy.log_alpha], lr=cfg.q_lr),
+    )
+    buffer = _Batches(batches)
+    for number, batch in enumerate(batches, start=1):
+        torch.manual_seed(number)  # the same draws for both
+        ours = sac.gradient_step(number, agent, target_critic, entropy, optimizers, buffer, cfg,
+                                 target_entropy)  # fmt: skip
+        torch.manual_seed(number)
+        theirs = ref_step(number, batch)
+        assert set(theirs) <= set(ours)
+        for name, value in theirs.items():
+            assert ours[name].item() == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    pairs = [(agent.actor, ref_actor), (agent.critic.q1, ref_q1), (agent.critic.q2, ref_q2),
+             (target_critic.q1, ref_q1_target), (target_critic.q2, ref_q2_target)]  # fmt: skip
+    for ours, theirs in pairs:
+        for x, y in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert entropy.log_alpha.item() == pytest.approx(ref_log_alpha.item(), rel=1e-5)
+    assert entropy.log_alpha.item() != 0.0
