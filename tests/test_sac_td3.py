@@ -7,6 +7,7 @@ CleanRL's, and runs."""
 import copy
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -535,13 +536,11 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
             (getattr(ours.critic, f"q{i + 1}"), q) for i, q in enumerate(theirs.critic.q_networks)
         ]
 
-    class Theirs:
-        actor, critic = model.actor, model.critic
-
-    class TheirTarget:
-        actor, critic = model.actor_target, model.critic_target
-
-    for ours, theirs in ((agent, Theirs), (target, TheirTarget)):
+    networks = [
+        (agent, SimpleNamespace(actor=model.actor, critic=model.critic)),
+        (target, SimpleNamespace(actor=model.actor_target, critic=model.critic_target)),
+    ]
+    for ours, theirs in networks:
         for a, b in pairs(ours, theirs):
             b.load_state_dict(a.state_dict(), strict=False)
             assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
@@ -565,7 +564,7 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
             actor_loss = logged["losses/actor_loss"].item()
             assert actor_loss == pytest.approx(theirs["train/actor_loss"], rel=1e-5)
     assert model._n_updates == 6
-    for ours, theirs in ((agent, Theirs), (target, TheirTarget)):
+    for ours, theirs in networks:
         for a, b in pairs(ours, theirs):
             for x, y in zip(a.parameters(), b.parameters()):
                 torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
