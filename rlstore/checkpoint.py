@@ -263,6 +263,11 @@ def _is_mujoco(env: gym.Env) -> bool:
 
 def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
     """The vector env's full state, or None when it cannot be captured exactly."""
+    if isinstance(envs, gym.vector.VectorWrapper):  # (TruncationAsTermination, LifeLoss)
+        inner = env_state(envs.env)
+        if inner is None:
+            return None
+        return inner | {"wrappers": [_attributes(envs), *inner.get("wrappers", [])]}
     if isinstance(envs, gym.vector.AsyncVectorEnv):
         if not envs.metadata.get(WORKER_ACCESS):
             return None  # (Atari's, or envs built elsewhere)
@@ -304,6 +309,9 @@ _RENAMED = {
 
 def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
     """Restore what env_state saved (see env_state_loads first)."""
+    for attributes in state.get("wrappers", []):
+        _restore(envs, attributes)
+        envs = envs.env
     vector = state["vector"]
     if isinstance(envs, gym.vector.AsyncVectorEnv):
         _restore(envs, {name: vector[name] for name in _SPACES})

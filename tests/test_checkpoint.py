@@ -341,6 +341,21 @@ def test_a_mujoco_run_resumes_bitwise_and_other_versions_resume_fresh(
     )
 
 
+def test_a_run_through_a_vector_wrapper_resumes_bitwise(tmp_path, capsys):
+    """--truncation-as-termination wraps the vector env (TruncationAsTermination): its
+    state is the wrapped env's, saved through the wrapper."""
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, logdir=str(tmp_path), truncation_as_termination=True, num_envs=2,
+                  max_episode_steps=30, total_timesteps=1024, checkpoint_every=512)  # fmt: skip
+    full = ppo.train(cfg)
+    checkpoint_files(full.run_dir / "checkpoints")[0].unlink()
+    capsys.readouterr()
+    resumed = ppo.train(cfg, resume=full.run_dir)
+    assert "freshly reset" not in capsys.readouterr().err
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+
+
 class UnknownCartPole(CartPoleEnv):
     """An env rlstore does not know how to save (its class is not among SAVEABLE_ENVS)."""
 
