@@ -50,3 +50,19 @@ def test_the_offpolicy_floor_counts_each_algorithms_matrix_products_by_hand():
     for algo, macs in (("td3", td3), ("ddpg", ddpg), ("sac", sac)):
         flops = benchmark.offpolicy_step_flops(algo, 3, 1, hidden=(4, 4), batch=1)
         assert flops == 2 * macs, algo
+
+
+def test_the_step_profile_times_each_algorithms_step_and_groups_its_ops():
+    """scripts/offpolicy_step_profile.py: SAC's and TD3's real gradient steps, timed and
+    profiled; the matrix products are a group of their own and take time."""
+    import importlib.util
+
+    path = SCRIPT.parent / "offpolicy_step_profile.py"
+    spec = importlib.util.spec_from_file_location("offpolicy_step_profile", path)
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    for algo in ["sac", "td3"]:
+        step = profile.step_function(algo, compiled=False)
+        assert profile.time_step(step, blocks=1, steps=2) > 0
+        groups = profile.profile_step(step, steps=2)
+        assert groups["matrix products"] > 0 and groups["ReLU forward"] > 0
