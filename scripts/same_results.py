@@ -2,10 +2,11 @@
 
     python scripts/same_results.py 94abcf9        # that commit against the working tree
 
-Runs the same short PPO, A2C and DQN runs (defaults, native and sync envs, DQN with every
-option) with the code of COMMIT, checked out into a temporary git worktree, and with the
-code of this working tree, each in its own process with one torch thread, then compares
-every run's episode returns and final parameters bit for bit. Exits 1 on any difference.
+Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
+every option) and SAC and TD3 on Pendulum with the code of COMMIT, checked out into a
+temporary git worktree, and with the code of this working tree, each in its own process
+with one torch thread, then compares every run's episode returns and final parameters bit
+for bit. Exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ RUNS = {
     "dqn-all-options": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000",
                         "--n-step", "3", "--prioritized", "--double-dqn", "--dueling",
                         "--num-envs", "2"],
+    "ppo-async": ["ppo", "--total-timesteps", "8192", "--num-envs", "2",
+                  "--vectorization", "async"],
+    "sac": ["sac", "--env", "Pendulum-v1", "--total-timesteps", "2000",
+            "--learning-starts", "1000"],
+    "td3": ["td3", "--env", "Pendulum-v1", "--total-timesteps", "2000",
+            "--learning-starts", "1000"],
 }  # fmt: skip
 
 
