@@ -1,9 +1,12 @@
 """scripts/benchmark.py runs each comparator as its users run it."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from extras import needs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
 
@@ -66,3 +69,21 @@ def test_the_step_profile_times_each_algorithms_step_and_groups_its_ops():
         assert profile.time_step(step, blocks=1, steps=2) > 0
         groups = profile.profile_step(step, steps=2)
         assert groups["matrix products"] > 0 and groups["ReLU forward"] > 0
+
+
+@needs("bench", "stable_baselines3")
+def test_the_sb3_td3_curve_writes_each_episode_and_sums_them_by_window(tmp_path):
+    import importlib.util
+
+    path = SCRIPT.parent / "sb3_td3_curve.py"
+    spec = importlib.util.spec_from_file_location("sb3_td3_curve", path)
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+    out = tmp_path / "curve.jsonl"
+    curve.train("Pendulum-v1", seed=1, steps=600, out=out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [200, 400, 600]  # Pendulum's 200-step episodes
+    assert curve.summary(out, window=400) == (  # windows [0, 400) and [400, 800)
+        f"0k: {rows[0]['return']:.0f} (200 steps), "
+        f"0k: {(rows[1]['return'] + rows[2]['return']) / 2:.0f} (200 steps)"
+    )
