@@ -298,10 +298,9 @@ def test_lunar_lander_replays_its_episode_in_async_workers(capsys):
     other.close()
 
 
-@needs("box2d", "Box2D")
-def test_a_lunar_lander_run_resumes_bitwise(tmp_path, capsys):
-    module, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, env_id="LunarLander-v3", max_episode_steps=400, logdir=str(tmp_path))
+def assert_resumes_envs_bitwise(module, cfg, capsys):
+    """Train `cfg`, drop the newer half of its checkpoints, resume: the envs come back (no
+    fresh reset) and the run ends as the uninterrupted one did. Returns the full run."""
     full = module.train(cfg)
     saved = checkpoint_files(full.run_dir / "checkpoints")
     for later in saved[: len(saved) // 2]:
@@ -311,6 +310,14 @@ def test_a_lunar_lander_run_resumes_bitwise(tmp_path, capsys):
     assert "freshly reset" not in capsys.readouterr().err
     assert resumed.episode_returns == full.episode_returns
     assert same_params(params(resumed.model), params(full.model))
+    return full
+
+
+@needs("box2d", "Box2D")
+def test_a_lunar_lander_run_resumes_bitwise(tmp_path, capsys):
+    module, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, env_id="LunarLander-v3", max_episode_steps=400, logdir=str(tmp_path))
+    assert_resumes_envs_bitwise(module, cfg, capsys)
 
 
 @needs("mujoco", "mujoco")
@@ -319,15 +326,8 @@ def test_a_mujoco_run_resumes_bitwise_and_other_versions_resume_fresh(
 ):
     module, cfg = SETUPS["sac"]
     cfg = replace(cfg, env_id="HalfCheetah-v4", logdir=str(tmp_path))
-    full = module.train(cfg)
+    full = assert_resumes_envs_bitwise(module, cfg, capsys)
     saved = checkpoint_files(full.run_dir / "checkpoints")
-    for later in saved[: len(saved) // 2]:
-        later.unlink()
-    capsys.readouterr()
-    resumed = module.train(cfg, resume=full.run_dir)
-    assert "freshly reset" not in capsys.readouterr().err
-    assert resumed.episode_returns == full.episode_returns
-    assert same_params(params(resumed.model), params(full.model))
 
     import mujoco
 
@@ -347,13 +347,7 @@ def test_a_run_through_a_vector_wrapper_resumes_bitwise(tmp_path, capsys):
     _, cfg = SETUPS["ppo"]
     cfg = replace(cfg, logdir=str(tmp_path), truncation_as_termination=True, num_envs=2,
                   max_episode_steps=30, total_timesteps=1024, checkpoint_every=512)  # fmt: skip
-    full = ppo.train(cfg)
-    checkpoint_files(full.run_dir / "checkpoints")[0].unlink()
-    capsys.readouterr()
-    resumed = ppo.train(cfg, resume=full.run_dir)
-    assert "freshly reset" not in capsys.readouterr().err
-    assert resumed.episode_returns == full.episode_returns
-    assert same_params(params(resumed.model), params(full.model))
+    assert_resumes_envs_bitwise(ppo, cfg, capsys)
 
 
 class UnknownCartPole(CartPoleEnv):
@@ -364,13 +358,7 @@ def test_an_async_run_resumes_bitwise_and_unsaveable_envs_resume_fresh(tmp_path,
     _, cfg = SETUPS["ppo"]
     cfg = replace(cfg, logdir=str(tmp_path), vectorization="async", num_envs=2, num_steps=64,
                   total_timesteps=1024, checkpoint_every=512)  # fmt: skip
-    full = ppo.train(cfg)
-    checkpoint_files(full.run_dir / "checkpoints")[0].unlink()
-    capsys.readouterr()
-    resumed = ppo.train(cfg, resume=full.run_dir)
-    assert "freshly reset" not in capsys.readouterr().err
-    assert resumed.episode_returns == full.episode_returns
-    assert same_params(params(resumed.model), params(full.model))
+    assert_resumes_envs_bitwise(ppo, cfg, capsys)
 
     gym.register("rlstore-test/Unknown-v0", entry_point=UnknownCartPole, max_episode_steps=50)
     for vectorization in ["sync", "async"]:
