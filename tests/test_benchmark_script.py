@@ -1,4 +1,5 @@
-"""scripts/benchmark.py runs each comparator as its users run it."""
+"""scripts/benchmark.py runs each comparator as its users run it; the other scripts' smoke
+tests."""
 
 import json
 import os
@@ -6,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from extras import needs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
@@ -73,12 +75,7 @@ def test_the_step_profile_times_each_algorithms_step_and_groups_its_ops():
 
 @needs("bench", "stable_baselines3")
 def test_the_sb3_td3_curve_writes_each_episode_and_sums_them_by_window(tmp_path):
-    import importlib.util
-
-    path = SCRIPT.parent / "sb3_td3_curve.py"
-    spec = importlib.util.spec_from_file_location("sb3_td3_curve", path)
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
+    curve = _load_script("sb3_td3_curve")
     out = tmp_path / "curve.jsonl"
     curve.train("Pendulum-v1", seed=1, steps=600, out=out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -87,3 +84,34 @@ def test_the_sb3_td3_curve_writes_each_episode_and_sums_them_by_window(tmp_path)
         f"0k: {rows[0]['return']:.0f} (200 steps), "
         f"0k: {(rows[1]['return'] + rows[2]['return']) / 2:.0f} (200 steps)"
     )
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_env_dynamics_finds_the_step_where_two_installs_part(tmp_path):
+    """Two recordings of the same env in one install are equal; a recording whose
+    observations were moved by 0.05 from step 3 of episode 1 on (as another physics would)
+    is reported from that step, with the gap before it (0) and at it."""
+    dynamics = _load_script("env_dynamics")
+    first, second, moved = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"
+    dynamics.record("Pendulum-v1", first, episodes=2, max_steps=10)
+    dynamics.record("Pendulum-v1", second, episodes=2, max_steps=10)
+    arrays = dict(np.load(second))
+    arrays["obs1"] = arrays["obs1"].copy()
+    arrays["obs1"][3:, 2] += 0.05
+    np.savez(moved, **arrays)
+    header, *same = dynamics.compare(first, second).splitlines()
+    assert header.startswith("Pendulum-v1: gymnasium ")
+    assert [line.split(" (")[0] for line in same] == ["episode 0: equal to 0e+00",
+                                                      "episode 1: equal to 0e+00"]  # fmt: skip
+    lines = dynamics.compare(first, moved).splitlines()
+    assert lines[1].startswith("episode 0: equal to 0e+00 (10 vs 10 steps, return ")
+    assert lines[2].startswith("episode 1: differs from step 3: 0e+00 the step before, "
+                               "5.0e-02 there, 0.05 at most (10 vs 10 steps, return ")  # fmt: skip
