@@ -13,11 +13,14 @@ TrainingState, and drives the loop:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import random
 import re
 import signal
@@ -412,6 +415,20 @@ class TrainingState:
         return False
 
 
+# The packages a run's numbers depend on; those not installed are left out.
+RECORDED_PACKAGES = ("rlstore", "torch", "numpy", "gymnasium", "mujoco", "box2d", "box2d-py",
+                     "ale-py")  # fmt: skip
+
+
+def package_versions() -> dict[str, str]:
+    """Python's and each installed RECORDED_PACKAGES's version, for config.json."""
+    versions = {"python": platform.python_version()}
+    for package in RECORDED_PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    return versions
+
+
 class Run:
     """Counters, logging, progress, checkpoints, resume and signals of one training run.
 
@@ -510,8 +527,11 @@ class Run:
             self._resume()
         record = {"algo": self.algo, "preset": str(self.preset) if self.preset else None}
         record.update(dataclasses.asdict(cfg))
-        # What "auto" became on this machine (read back by nobody: a resume resolves again).
-        record["resolved"] = {"device": str(self.device), "torch_threads": torch.get_num_threads()}
+        # What "auto" became on this machine (read back by nobody: a resume resolves again),
+        # and what the run ran on: a score depends on the env's physics, which its id does
+        # not pin (Hopper-v4 steps otherwise from MuJoCo 3.5.0 on).
+        record["resolved"] = {"device": str(self.device), "torch_threads": torch.get_num_threads(),
+                              "versions": package_versions()}  # fmt: skip
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         if cfg.track:
             self.tracker = start_tracking(cfg, self.dir, record)

@@ -1,10 +1,13 @@
-"""A Run (rlstore/run.py): its first lines, threads, progress and ETA, budget notes, and the
-denormals it flushes while it runs."""
+"""A Run (rlstore/run.py): its first lines, config.json, threads, progress and ETA, budget
+notes, and the denormals it flushes while it runs."""
 
+import importlib.util
 import json
+import platform
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -18,7 +21,8 @@ from rlstore.cli import main, parse_train
 
 def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatch, capsys):
     """`--config fast` is the packaged preset from any directory; the first line names it
-    and the run directory; a total that is not whole rollouts is said to be rounded."""
+    and the run directory; a total that is not whole rollouts is said to be rounded;
+    config.json records the preset and what the run ran on."""
     monkeypatch.chdir(tmp_path)  # not the repository: the name must resolve to the package
     logdir = str(tmp_path / "runs")
     args = ["train", "ppo", "--config", "fast", "--total-timesteps", "1000", "--logdir", logdir]
@@ -35,10 +39,13 @@ def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatc
         f"rlstore: --total-timesteps 1,000 is not a whole number of iterations of {rollout:,} "
         f"env steps; the run takes {1000 - 1000 % rollout:,}"
     )
-    assert record["config"] == str(fast) and record["resolved"] == {
-        "device": "cpu",
-        "torch_threads": 1,
-    }
+    assert record["config"] == str(fast)
+    versions = record["resolved"].pop("versions")
+    assert record["resolved"] == {"device": "cpu", "torch_threads": 1}
+    # what the run ran on, as the packages themselves say
+    assert versions["torch"] == torch.__version__ and versions["gymnasium"] == gym.__version__
+    assert versions["numpy"] == np.__version__ and versions["python"] == platform.python_version()
+    assert ("mujoco" in versions) == (importlib.util.find_spec("mujoco") is not None)
 
 
 @pytest.mark.slow
