@@ -27,6 +27,7 @@ from rlstore.suite import (
     core_hours_left,
     find_suite,
     load_suite,
+    made_where,
     preflight,
     results_markdown,
     row_result,
@@ -327,6 +328,19 @@ def test_runs_begun_start_before_new_ones(tmp_path):
 def test_ago_says_durations_as_people_do():
     assert [ago(x) for x in (0, 119, 120, 7199, 7200, 172799, 172800, -3)] == [
         "0 s", "119 s", "2 min", "120 min", "2 h", "48 h", "2 days", "0 s"]  # fmt: skip
+
+
+def test_results_pages_say_what_they_were_made_with():
+    """The machine, and the versions the runs' scores depend on, as the packages say."""
+    import platform
+
+    import gymnasium as gym
+    import torch
+
+    made = made_where()
+    assert made.startswith("rlstore ") and f" on {platform.machine()}, " in made
+    assert f"torch {torch.__version__}, " in made and f"gymnasium {gym.__version__}" in made
+    assert f"python {platform.python_version()}, " in made
 
 
 def test_core_hours_left_time_each_run_at_its_row_or_algorithm():
