@@ -7,6 +7,7 @@ seeded resets with seeded random actions, writes what it saw, and compares two s
 
 Published scores were made on the versions of their day; when an env's physics changed
 since, a score on today's install is a score on another env (docs/results/learning-offpolicy.md).
+It needs gymnasium and the env's engine only, not rlstore, so it runs in any venv.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def record(env_id: str, out: Path, episodes: int = 5, max_steps: int = 1000) -> 
         for _ in range(max_steps):
             action = env.action_space.sample()
             obs, reward, terminated, truncated, _ = env.step(action)
-            observations.append(obs), rewards.append(reward), terminations.append(terminated)
+            observations.append(obs)
+            rewards.append(reward)
+            terminations.append(terminated)
             if terminated or truncated:
                 break
         arrays |= {f"obs{episode}": np.array(observations), f"rew{episode}": np.array(rewards),
