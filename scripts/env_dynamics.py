@@ -66,8 +66,11 @@ def compare(first: Path, second: Path, tolerance: float = 1e-9) -> str:
         returns = f"return {a[f'rew{episode}'].sum():.1f} vs {b[f'rew{episode}'].sum():.1f}"
         if len(obs_a) == len(obs_b) and gap.max() <= tolerance:
             lines.append(f"episode {episode}: equal to {gap.max():.0e} ({lengths}, {returns})")
+        elif gap.max() <= tolerance:  # the same steps while both ran, then one ended
+            lines.append(f"episode {episode}: equal to {gap.max():.0e} for {n - 1} steps, "
+                         f"then one ended ({lengths}, {returns})")  # fmt: skip
         else:
-            step = int(np.argmax(gap > tolerance)) if (gap > tolerance).any() else n - 1
+            step = int(np.argmax(gap > tolerance))
             # a gap that grows smoothly from rounding is chaos amplifying the last digits;
             # one that jumps from rounding to centimetres in a step is other physics
             before = f"{gap[step - 1]:.0e} the step before" if step else "at the reset"

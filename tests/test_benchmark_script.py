@@ -98,7 +98,8 @@ def _load_script(name: str):
 def test_env_dynamics_finds_the_step_where_two_installs_part(tmp_path):
     """Two recordings of the same env in one install are equal; a recording whose
     observations were moved by 0.05 from step 3 of episode 1 on (as another physics would)
-    is reported from that step, with the gap before it (0) and at it."""
+    is reported from that step, with the gap before it (0) and at it; one that ended sooner
+    with the same steps, as equal until then."""
     dynamics = _load_script("env_dynamics")
     first, second, moved = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"
     dynamics.record("Pendulum-v1", first, episodes=2, max_steps=10)
@@ -111,7 +112,10 @@ def test_env_dynamics_finds_the_step_where_two_installs_part(tmp_path):
     assert header.startswith("Pendulum-v1: gymnasium ")
     assert [line.split(" (")[0] for line in same] == ["episode 0: equal to 0e+00",
                                                       "episode 1: equal to 0e+00"]  # fmt: skip
+    arrays["obs0"], arrays["rew0"] = arrays["obs0"][:7], arrays["rew0"][:6]  # ended at 6
+    np.savez(moved, **arrays)
     lines = dynamics.compare(first, moved).splitlines()
-    assert lines[1].startswith("episode 0: equal to 0e+00 (10 vs 10 steps, return ")
+    assert lines[1].startswith("episode 0: equal to 0e+00 for 6 steps, then one ended "
+                               "(10 vs 6 steps, return ")  # fmt: skip
     assert lines[2].startswith("episode 1: differs from step 3: 0e+00 the step before, "
                                "5.0e-02 there, 0.05 at most (10 vs 10 steps, return ")  # fmt: skip
