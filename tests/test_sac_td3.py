@@ -431,9 +431,12 @@ def test_same_seed_same_run(algo, logdir):
 @pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_learns_pendulum(algo, logdir):
     """A short learning check: 64-64 networks, 8,000 steps (under a minute each); random
-    actions score about -1,200 on Pendulum."""
+    actions score about -1,200 on Pendulum. DDPG learns later from the same start: at 8,000
+    steps its seeds 1-3 were at -485, -623 and -625 on an AMD EPYC (seed 1 had passed -400
+    on the machines of earlier CI runs), at 12,000 at -143, -166 and -458."""
+    steps = {"sac": 8_000, "td3": 8_000, "ddpg": 12_000}[algo]
     cfg = {"sac": SACConfig, "td3": TD3Config, "ddpg": DDPGConfig}[algo](
-        env_id="Pendulum-v1", total_timesteps=8_000, learning_starts=1_000, hidden=(64, 64),
+        env_id="Pendulum-v1", total_timesteps=steps, learning_starts=1_000, hidden=(64, 64),
         seed=1, logdir=logdir, device="cpu", progress=False, track_tensorboard=False,
     )  # fmt: skip
     result = {"sac": sac, "td3": td3, "ddpg": ddpg}[algo].train(cfg)
