@@ -1,16 +1,22 @@
 """Learning smoke tests: each algorithm, with its fast paths and without them (the
 reference, --fast-paths off), gets well above a random policy on CartPole-v1 in a short
 run. (A random policy's episodes last about 22 steps; the shipped suites check the
-published scores: docs/results/classic.md.)"""
+published scores: docs/results/classic.md.)
+
+The lengths leave room for another CPU's rounding to make the run another draw: on an AMD
+EPYC, PPO at 50,000 steps passed on seeds 1-12 (the mean of the last 20 episodes 171-252;
+at 30,000 seed 12 had 82) and A2C at 40,000 on seeds 1-12 (111-294). DQN on CartPole
+collapses now and then wherever it stops: at 30,000 steps seeds 1-16 passed but seed 14
+(75), so its check runs three seeds and needs two."""
 
 import pytest
 
 from rlstore import algos
 
-RUNS = {  # algorithm: its config overrides for a short run
-    "ppo": dict(total_timesteps=30_000),
-    "a2c": dict(total_timesteps=40_000),
-    "dqn": dict(total_timesteps=20_000, learning_starts=1_000),
+RUNS = {  # algorithm: its config overrides for a short run, and its seeds
+    "ppo": (dict(total_timesteps=50_000), [1]),
+    "a2c": (dict(total_timesteps=40_000), [1]),
+    "dqn": (dict(total_timesteps=30_000, learning_starts=1_000), [1, 2, 3]),
 }
 
 
@@ -20,9 +26,13 @@ RUNS = {  # algorithm: its config overrides for a short run
 def test_learns_cartpole_with_and_without_fast_paths(algo, fast_paths, tmp_path):
     from rlstore.config import resolve
 
-    overrides = dict(RUNS[algo], fast_paths=fast_paths, logdir=str(tmp_path), progress=False,
-                     checkpoint_every=0, track_tensorboard=False, device="cpu")  # fmt: skip
-    cfg, preset = resolve(algo, "CartPole-v1", overrides)
-    result = algos.get(algo).train(cfg, preset)
-    recent = result.episode_returns[-20:]
-    assert sum(recent) / len(recent) > 100, recent
+    run, seeds = RUNS[algo]
+    means = []
+    for seed in seeds:
+        overrides = dict(run, seed=seed, fast_paths=fast_paths, logdir=str(tmp_path),
+                         progress=False, checkpoint_every=0, track_tensorboard=False,
+                         device="cpu")  # fmt: skip
+        cfg, preset = resolve(algo, "CartPole-v1", overrides)
+        recent = algos.get(algo).train(cfg, preset).episode_returns[-20:]
+        means.append(sum(recent) / len(recent))
+    assert sum(m > 100 for m in means) >= len(seeds) - len(seeds) // 2, means
