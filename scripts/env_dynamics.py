@@ -50,7 +50,8 @@ def record(env_id: str, out: Path, episodes: int = 5, max_steps: int = 1000) -> 
                    f"term{episode}": np.array(terminations)}  # fmt: skip
     env.close()
     versions = f"gymnasium {installed('gymnasium')}, mujoco {installed('mujoco')}"
-    np.savez(out, env_id=env_id, versions=versions, episodes=episodes, **arrays)
+    with open(out, "wb") as file:  # a path, np.savez would add .npz to a name without it
+        np.savez(file, env_id=env_id, versions=versions, episodes=episodes, **arrays)
 
 
 def compare(first: Path, second: Path, tolerance: float = 1e-9) -> str:
@@ -88,6 +89,9 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, nargs=2, metavar=("FIRST", "SECOND"))
     args = parser.parse_args()
     if args.compare:
+        missing = [str(path) for path in args.compare if not path.is_file()]
+        if missing:
+            parser.error(f"no recording at {', '.join(missing)}: make one with ENV_ID --out FILE")
         print(compare(*args.compare))
     elif args.env_id and args.out:
         record(args.env_id, args.out, args.episodes)

@@ -99,11 +99,12 @@ def test_env_dynamics_finds_the_step_where_two_installs_part(tmp_path):
     """Two recordings of the same env in one install are equal; a recording whose
     observations were moved by 0.05 from step 3 of episode 1 on (as another physics would)
     is reported from that step, with the gap before it (0) and at it; one that ended sooner
-    with the same steps, as equal until then."""
+    with the same steps, as equal until then. Each recording is written to the name given."""
     dynamics = _load_script("env_dynamics")
-    first, second, moved = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"
+    first, second, moved = tmp_path / "a.npz", tmp_path / "b.rec", tmp_path / "c.npz"
     dynamics.record("Pendulum-v1", first, episodes=2, max_steps=10)
     dynamics.record("Pendulum-v1", second, episodes=2, max_steps=10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "b.rec"]
     arrays = dict(np.load(second))
     arrays["obs1"] = arrays["obs1"].copy()
     arrays["obs1"][3:, 2] += 0.05
