@@ -129,6 +129,11 @@ class BenchmarkArgs:
     env: tuple[str, ...] = ()
     """Run only the rows on these env ids (e.g. --env HalfCheetah-v4); the results then
     cover those rows (the whole suite again reads back what finished)."""
+    algo: tuple[str, ...] = ()
+    """Run only the rows of these algorithms (e.g. --algo td3); as --env."""
+    seed: tuple[int, ...] = ()
+    """Run only these seeds of each row (e.g. --seed 2); as --env. With --env and --algo:
+    the runs all of them name."""
     status: bool = False
     """Run nothing: print where each run stands (steps, score so far, from its newest
     checkpoint while it is begun), the hours left and the results of the rows whose every
@@ -374,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
                          ("--gpus-per-run", parsed.gpus_per_run == 0.0)] if not unset]  # fmt: skip
                 if given:
                     raise UsageError(f"--status runs nothing; drop {' and '.join(given)}")
-                return status(parsed.suite, parsed.out, parsed.env)
+                return status(parsed.suite, parsed.out, parsed.env, parsed.algo, parsed.seed)
             return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address,
-                             parsed.gpus_per_run, parsed.plot, parsed.env)  # fmt: skip
+                             parsed.gpus_per_run, parsed.plot, parsed.env, parsed.algo,
+                             parsed.seed)  # fmt: skip
         elif command == "plot":
             parsed = parse_args(PlotArgs, rest, "rlstore plot")
             from rlstore.plot import describe, plot

@@ -23,7 +23,7 @@ import subprocess
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -450,11 +450,14 @@ def ago(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
-def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> int:
+def status(
+    suite_arg: str, out: str | None = None, envs: Sequence[str] = (), algos: Sequence[str] = (),
+    seeds: Sequence[int] = (),
+) -> int:  # fmt: skip
     """`rlstore benchmark SUITE --status`: where each run stands (steps, score and steps to
     threshold so far, from a finished run's summary or a begun run's newest checkpoint) and
     the results of the rows whose every seed finished. Runs, writes and removes nothing."""
-    suite, out_dir = _suite_and_out(suite_arg, out, envs)
+    suite, out_dir = _suite_and_out(suite_arg, out, envs, algos, seeds)
     lines = [
         "| row | env | seed | state | steps | score so far | reference band | steps to threshold |",
         "|---|---|---|---|---|---|---|---|",
@@ -516,19 +519,41 @@ def status(suite_arg: str, out: str | None = None, envs: Sequence[str] = ()) -> 
     return 0
 
 
-def _suite_and_out(suite_arg: str, out: str | None, envs: Sequence[str]) -> tuple[Suite, Path]:
-    """The suite (only its rows on `envs`, when given) and its output directory."""
-    suite = load_suite(find_suite(suite_arg))
-    if envs:  # a part of the suite: its rows on these envs
-        suite_envs = list(dict.fromkeys(row.env for row in suite.rows))
-        for env in envs:
-            if env not in suite_envs:
-                raise UsageError(
-                    f"suite {suite.name} has no row on --env {env}; its envs: "
-                    + ", ".join(suite_envs)
-                )
-        suite.rows = [row for row in suite.rows if row.env in envs]
+def _suite_and_out(
+    suite_arg: str, out: str | None, envs: Sequence[str] = (), algos: Sequence[str] = (),
+    seeds: Sequence[int] = (),
+) -> tuple[Suite, Path]:  # fmt: skip
+    """The suite, or the part of it that `envs`, `algos` and `seeds` name, and its output
+    directory."""
+    suite = suite_part(load_suite(find_suite(suite_arg)), envs, algos, seeds)
     return suite, Path(out or Path("benchmarks") / suite.name).resolve()
+
+
+def suite_part(
+    suite: Suite, envs: Sequence[str] = (), algos: Sequence[str] = (), seeds: Sequence[int] = ()
+) -> Suite:
+    """The part of `suite` that --env, --algo and --seed name (each, when given: only the
+    rows on these envs, of these algorithms, and of each row these seeds). A part's runs are
+    the whole suite's, which reads them back."""
+    for flag, given, of_row in [("--env", envs, lambda row: [row.env]),
+                                ("--algo", algos, lambda row: [row.algo]),
+                                ("--seed", seeds, lambda row: row.seeds)]:  # fmt: skip
+        known = list(dict.fromkeys(value for row in suite.rows for value in of_row(row)))
+        for value in given:
+            if value not in known:
+                raise UsageError(f"suite {suite.name} has no row with {flag} {value}; its "
+                                 f"{flag[2:]}s: " + ", ".join(map(str, known)))  # fmt: skip
+    rows = [row for row in suite.rows
+            if (not envs or row.env in envs) and (not algos or row.algo in algos)]  # fmt: skip
+    if seeds:  # each row's seeds among them; a row's `need` is at most the seeds it keeps
+        kept = [(row, [seed for seed in row.seeds if seed in seeds]) for row in rows]
+        rows = [replace(row, seeds=ours, need=row.need and min(row.need, len(ours)))
+                for row, ours in kept if ours]  # fmt: skip
+    if not rows:
+        named = [f"{flag} {' '.join(map(str, given))}" for flag, given
+                 in [("--env", envs), ("--algo", algos), ("--seed", seeds)] if given]  # fmt: skip
+        raise UsageError(f"suite {suite.name} has no row with all of {' '.join(named)}")
+    return replace(suite, rows=rows)
 
 
 def benchmark(
@@ -539,13 +564,15 @@ def benchmark(
     gpus_per_run: float = 0.0,
     plot: bool = True,
     envs: Sequence[str] = (),
+    algos: Sequence[str] = (),
+    seeds: Sequence[int] = (),
 ) -> int:
     check_workers(workers)
     if gpus_per_run and address is None:
         raise UsageError(
             "--gpus-per-run needs --address: on this machine every run sees its GPUs already"
         )
-    suite, out_dir = _suite_and_out(suite_arg, out, envs)
+    suite, out_dir = _suite_and_out(suite_arg, out, envs, algos, seeds)
     preflight(suite.rows)
     if address is None:
         executor = LocalExecutor(workers)

@@ -18,6 +18,7 @@ from extras import needs
 
 from rlstore.cli import BenchmarkArgs, main
 from rlstore.config import PRESET_DIR
+from rlstore.errors import UsageError
 from rlstore.locks import DirectoryLock
 from rlstore.suite import (
     Row,
@@ -34,6 +35,7 @@ from rlstore.suite import (
     run_order,
     run_result,
     still_to_run,
+    suite_part,
 )
 
 TINY = """
@@ -301,8 +303,52 @@ def test_env_runs_only_those_rows_and_the_whole_suite_reads_them_back(tmp_path, 
 
     assert main([*args, "--env", "Pendulum-v1"]) == 2
     err = capsys.readouterr().err
-    assert "has no row on --env Pendulum-v1; its envs: CartPole-v1, Acrobot-v1" in err
+    assert "has no row with --env Pendulum-v1; its envs: CartPole-v1, Acrobot-v1" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_part_of_a_suite_is_the_rows_and_seeds_its_flags_name(tmp_path, capsys):
+    """--env, --algo and --seed each keep what they name, together what all name; a row
+    keeps the seeds it has among --seed, its `need` at most those; a name no row has, or a
+    part with no run, is one line."""
+    rows = [Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3], threshold=5.0, need=3),
+            Row("td3", "td3", "HalfCheetah-v4", 1000, [1, 2, 3]),
+            Row("td3", "td3", "Hopper-v4", 1000, [2, 4])]  # fmt: skip
+    suite = Suite("three", rows)
+
+    def part(**flags):
+        return [(r.algo, r.env, r.seeds, r.need) for r in suite_part(suite, **flags).rows]
+
+    assert part() == [(r.algo, r.env, r.seeds, r.need) for r in rows]
+    assert part(algos=["td3"]) == [("td3", "HalfCheetah-v4", [1, 2, 3], None),
+                                   ("td3", "Hopper-v4", [2, 4], None)]  # fmt: skip
+    assert part(seeds=[2, 3]) == [("sac", "HalfCheetah-v4", [2, 3], 2),
+                                  ("td3", "HalfCheetah-v4", [2, 3], None),
+                                  ("td3", "Hopper-v4", [2], None)]  # fmt: skip
+    assert part(seeds=[4]) == [("td3", "Hopper-v4", [4], None)]
+    assert part(envs=["HalfCheetah-v4"], algos=["td3"], seeds=[1]) == [
+        ("td3", "HalfCheetah-v4", [1], None)
+    ]
+    assert suite.rows == rows and rows[0].seeds == [1, 2, 3]  # the suite is left whole
+    for flags, message in [
+        (dict(algos=["ppo"]), "suite three has no row with --algo ppo; its algos: sac, td3"),
+        (dict(seeds=[5]), "suite three has no row with --seed 5; its seeds: 1, 2, 3, 4"),
+        (dict(algos=["sac"], seeds=[4]), "suite three has no row with all of --algo sac --seed 4"),
+    ]:
+        with pytest.raises(UsageError, match=f"^{message}$"):
+            suite_part(suite, **flags)
+
+    file = tmp_path / "two.toml"  # through the command line
+    row = '[[row]]\nalgo = "{}"\nenv = "CartPole-v1"\nsteps = 64\n'
+    file.write_text("seeds = [1, 2]\n" + row.format("ppo") + row.format("a2c") + "seeds = [1]\n")
+    args = ["benchmark", str(file), "--out", str(tmp_path / "out"), "--status"]
+    assert main([*args, "--algo", "ppo", "--seed", "2"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ppo")]
+    assert [line.split(" | ")[:3] for line in table] == [["| ppo", "CartPole-v1", "2"]]
+    assert main([*args, "--seed", "3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rlstore: error: suite two has no row with --seed 3; its seeds: 1, 2"
+    ]
 
 
 def test_runs_start_seed_by_seed_across_the_rows(tmp_path):
