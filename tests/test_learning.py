@@ -4,10 +4,11 @@ run. (A random policy's episodes last about 22 steps; the shipped suites check t
 published scores: docs/results/classic.md.)
 
 The lengths leave room for another CPU's rounding to make the run another draw: on an AMD
-EPYC, PPO at 50,000 steps passed on seeds 1-12 (the mean of the last 20 episodes 171-252;
-at 30,000 seed 12 had 82) and A2C at 40,000 on seeds 1-12 (111-294). DQN on CartPole
-collapses now and then wherever it stops: at 30,000 steps seeds 1-16 passed but seed 14
-(75), so its check runs three seeds and needs two."""
+EPYC, PPO at 50,000 steps passed on seeds 1-12 (fast paths on; off, seeds 1-5 and 12; the
+mean of the last 20 episodes 171-252; at 30,000 seed 12 had 82) and A2C at 40,000 on
+seeds 1-12 (on; off, 1-5; 111-294). DQN on CartPole collapses now and then wherever it
+stops: at 30,000 steps every seed of 1-16 passed but seed 14 (75), so its check runs three
+seeds and needs two."""
 
 import pytest
 
