@@ -535,9 +535,9 @@ def suite_part(
     """The part of `suite` that --env, --algo and --seed name (each, when given: only the
     rows on these envs, of these algorithms, and of each row these seeds). A part's runs are
     the whole suite's, which reads them back."""
-    for flag, given, of_row in [("--env", envs, lambda row: [row.env]),
-                                ("--algo", algos, lambda row: [row.algo]),
-                                ("--seed", seeds, lambda row: row.seeds)]:  # fmt: skip
+    flags = [("--env", envs, lambda row: [row.env]), ("--algo", algos, lambda row: [row.algo]),
+             ("--seed", seeds, lambda row: row.seeds)]  # fmt: skip
+    for flag, given, of_row in flags:
         known = list(dict.fromkeys(value for row in suite.rows for value in of_row(row)))
         for value in given:
             if value not in known:
@@ -550,8 +550,7 @@ def suite_part(
         rows = [replace(row, seeds=ours, need=row.need and min(row.need, len(ours)))
                 for row, ours in kept if ours]  # fmt: skip
     if not rows:
-        named = [f"{flag} {' '.join(map(str, given))}" for flag, given
-                 in [("--env", envs), ("--algo", algos), ("--seed", seeds)] if given]  # fmt: skip
+        named = [f"{flag} {' '.join(map(str, given))}" for flag, given, _ in flags if given]
         raise UsageError(f"suite {suite.name} has no row with all of {' '.join(named)}")
     return replace(suite, rows=rows)
 

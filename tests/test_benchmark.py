@@ -339,7 +339,7 @@ def test_a_part_of_a_suite_is_the_rows_and_seeds_its_flags_name(tmp_path, capsys
             suite_part(suite, **flags)
 
     file = tmp_path / "two.toml"  # through the command line
-    row = '[[row]]\nalgo = "{}"\nenv = "CartPole-v1"\nsteps = 64\n'
+    row = '[[row]]\nalgo = "{}"\nenv = "CartPole-v1"\nsteps = 512\n'
     file.write_text("seeds = [1, 2]\n" + row.format("ppo") + row.format("a2c") + "seeds = [1]\n")
     args = ["benchmark", str(file), "--out", str(tmp_path / "out"), "--status"]
     assert main([*args, "--algo", "ppo", "--seed", "2"]) == 0
@@ -349,6 +349,11 @@ def test_a_part_of_a_suite_is_the_rows_and_seeds_its_flags_name(tmp_path, capsys
     assert capsys.readouterr().err.strip().splitlines() == [
         "rlstore: error: suite two has no row with --seed 3; its seeds: 1, 2"
     ]
+    out = tmp_path / "out"
+    assert main(["benchmark", str(file), "--out", str(out), "--no-plot", "--algo", "ppo",
+                 "--seed", "2"]) == 0  # fmt: skip
+    assert "1 run in" in capsys.readouterr().out
+    assert [p.name.split("__")[1:3] for p in (out / "runs").iterdir()] == [["ppo", "2"]]
 
 
 def test_runs_start_seed_by_seed_across_the_rows(tmp_path):
