@@ -401,7 +401,29 @@ def _restore_mjdata(env: gym.Env, blob: torch.Tensor) -> None:
 
     saved = mujoco.MjData.__new__(mujoco.MjData)
     saved.__setstate__(blob.numpy().tobytes())
-    mujoco.mj_copyData(env.data, env.model, saved)
+    if hasattr(mujoco, "mj_copyData"):
+        mujoco.mj_copyData(env.data, env.model, saved)
+    else:
+        _copy_mjdata_fields(env.data, env.model, saved)
+
+
+def _copy_mjdata_fields(data: Any, model: Any, saved: Any) -> None:
+    """mj_copyData for MuJoCo < 3.5, whose bindings lack it: the integration state, then
+    every array of the same shape. Ant's and Humanoid's rewards read body positions the last
+    step computed, which the integration state alone leaves at the fresh env's. Arrays sized
+    by the last step's constraints are skipped: the next step computes them anew."""
+    import mujoco
+
+    signature = mujoco.mjtState.mjSTATE_INTEGRATION
+    state = np.empty(mujoco.mj_stateSize(model, signature))
+    mujoco.mj_getState(model, saved, state, signature)
+    mujoco.mj_setState(model, data, state, signature)
+    for name in dir(saved):
+        value = getattr(saved, name) if not name.startswith("_") else None
+        if isinstance(value, np.ndarray):
+            target = getattr(data, name)
+            if target.shape == value.shape and target.flags.writeable:
+                target[...] = value
 
 
 def _attributes(obj: Any) -> dict[str, Any]:
