@@ -404,20 +404,15 @@ def _restore_mjdata(env: gym.Env, blob: torch.Tensor) -> None:
     if hasattr(mujoco, "mj_copyData"):
         mujoco.mj_copyData(env.data, env.model, saved)
     else:
-        _copy_mjdata_fields(env.data, env.model, saved)
+        _copy_mjdata_fields(env.data, saved)
 
 
-def _copy_mjdata_fields(data: Any, model: Any, saved: Any) -> None:
-    """mj_copyData for MuJoCo < 3.5, whose bindings lack it: the integration state, then
-    every array of the same shape. Ant's and Humanoid's rewards read body positions the last
-    step computed, which the integration state alone leaves at the fresh env's. Arrays sized
-    by the last step's constraints are skipped: the next step computes them anew."""
-    import mujoco
-
-    signature = mujoco.mjtState.mjSTATE_INTEGRATION
-    state = np.empty(mujoco.mj_stateSize(model, signature))
-    mujoco.mj_getState(model, saved, state, signature)
-    mujoco.mj_setState(model, data, state, signature)
+def _copy_mjdata_fields(data: Any, saved: Any) -> None:
+    """mj_copyData for MuJoCo < 3.5, whose bindings lack it: the time and every array of the
+    same shape (the integration state is among them, and the body positions the last step
+    computed, which Ant's and Humanoid's rewards read). Arrays sized by the last step's
+    constraints are skipped: the next step computes them anew."""
+    data.time = saved.time
     for name in dir(saved):
         value = getattr(saved, name) if not name.startswith("_") else None
         if isinstance(value, np.ndarray):
