@@ -290,5 +290,5 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
         self.autoreset = self.terminations | self.truncations
 
     def close_extras(self, **kwargs: Any) -> None:
-        for env in self.envs:
+        for env in getattr(self, "envs", ()):  # (none if making the first env failed)
             env.close()

@@ -193,3 +193,26 @@ def test_update_one_is_update_for_one_env():
             assert ended == (returns[0], lengths[0])
         for name, value in batched.state_dict().items():
             assert torch.equal(value, scalar.state_dict()[name]), name
+
+
+def test_an_env_that_fails_to_make_leaves_no_second_error(monkeypatch):
+    """The user's error is the only one: the half-made vector env's __del__ (Gymnasium
+    1.1's closes it; 1.4's does not) must not raise one more, printed after the message."""
+    import gc
+
+    from rlstore.lean import LeanSyncVectorEnv
+
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+
+    def broken_env() -> gym.Env:
+        raise RuntimeError("the user's env is broken")
+
+    try:
+        LeanSyncVectorEnv([broken_env])
+    except RuntimeError as error:  # (pytest.raises would keep the env alive in its traceback)
+        assert "broken" in str(error)
+    else:
+        raise AssertionError("LeanSyncVectorEnv made a broken env")
+    gc.collect()
+    assert unraisable == []

@@ -395,7 +395,9 @@ def test_discrete_and_unbounded_action_spaces_are_refused_in_one_line(logdir, ca
         assert main(["train", algo, "--env", "CartPole-v1", "--logdir", logdir]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "needs a Box action space" in err
-    gym.register("UnboundedPendulum-v0", entry_point=UnboundedPendulum, max_episode_steps=50)
+    gym.register(  # (a function: Gymnasium 1.1 reads a class's metadata, a Wrapper's property)
+        "UnboundedPendulum-v0", entry_point=lambda: UnboundedPendulum(), max_episode_steps=50
+    )
     try:
         for algo in ("sac", "ddpg"):
             assert main(["train", algo, "--env", "UnboundedPendulum-v0", "--logdir", logdir]) == 2
