@@ -414,7 +414,9 @@ def _copy_mjdata_fields(data: Any, saved: Any) -> None:
     constraints are skipped: the next step computes them anew."""
     data.time = saved.time
     for name in dir(saved):
-        value = getattr(saved, name) if not name.startswith("_") else None
+        if name.startswith("_"):
+            continue
+        value = getattr(saved, name)
         if isinstance(value, np.ndarray):
             target = getattr(data, name)
             if target.shape == value.shape and target.flags.writeable:
