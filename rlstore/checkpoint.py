@@ -194,6 +194,34 @@ def read_policy(path: Path) -> dict[str, Any]:
     }
 
 
+# -- numpy arrays ------------------------------------------------------------------------------
+
+# torch.save in torch 2.4 (the oldest rlstore allows) cannot write uint16, uint32 or
+# uint64 tensors ("dtype torch.uint32 is not recognized"), and numpy's global generator keeps
+# its key as uint32: such arrays are saved as the signed integers of the same bits, with
+# their dtype beside.
+_SIGNED_OF = {
+    np.dtype(np.uint16): np.int16,
+    np.dtype(np.uint32): np.int32,
+    np.dtype(np.uint64): np.int64,
+}
+
+
+def _array_to_tensor(array: np.ndarray) -> torch.Tensor | dict[str, Any]:
+    """A copy of `array` that torch.save writes and torch.load(weights_only=True) reads."""
+    signed = _SIGNED_OF.get(array.dtype)
+    if signed is None:
+        return torch.from_numpy(array.copy())
+    return {"__unsigned__": torch.from_numpy(array.view(signed).copy()), "dtype": array.dtype.name}
+
+
+def _tensor_to_array(saved: torch.Tensor | dict[str, Any]) -> np.ndarray:
+    """The array `_array_to_tensor` saved (or a plain tensor's, as older checkpoints hold)."""
+    if isinstance(saved, dict):
+        return saved["__unsigned__"].numpy().view(np.dtype(saved["dtype"])).copy()
+    return saved.numpy().copy()
+
+
 # -- random number generators ----------------------------------------------------------------
 
 
@@ -206,7 +234,7 @@ def rng_state() -> dict[str, Any]:
             **np_state,
             "state": {
                 **np_state["state"],
-                "key": torch.from_numpy(np_state["state"]["key"].copy()),
+                "key": _array_to_tensor(np_state["state"]["key"]),
             },
         },
         "torch": torch.get_rng_state(),
@@ -220,7 +248,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(_tuples(state["python"]))
     np_state = state["numpy"]
     np.random.set_state(
-        {**np_state, "state": {**np_state["state"], "key": np_state["state"]["key"].numpy()}}
+        {
+            **np_state,
+            "state": {**np_state["state"], "key": _tensor_to_array(np_state["state"]["key"])},
+        }
     )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -443,7 +474,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy()) if value.dtype != object else _UNSAVED
+        return _array_to_tensor(value) if value.dtype != object else _UNSAVED
     if isinstance(value, np.random.Generator):
         return {"__generator__": value.bit_generator.state}
     if isinstance(value, gym.Space):  # (np_random makes the generator of an unseeded space)
@@ -461,8 +492,8 @@ def _restore(obj: Any, attributes: dict[str, Any]) -> None:
 
 
 def _unplain(value: Any, current: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.numpy().copy()
+    if isinstance(value, torch.Tensor) or (isinstance(value, dict) and "__unsigned__" in value):
+        return _tensor_to_array(value)
     if isinstance(value, dict) and "__generator__" in value:
         generator = current if isinstance(current, np.random.Generator) else np.random.default_rng()
         generator.bit_generator.state = value["__generator__"]

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import re
+import sys
 import tempfile
 import types
 import typing
@@ -18,12 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import tomllib
 import tyro
 
 from rlstore import algos
 from rlstore.errors import UsageError
 from rlstore.text import plural
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: tomllib is tomli, which 3.11 took into the standard library
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)

@@ -426,6 +426,9 @@ def package_versions() -> dict[str, str]:
     for package in RECORDED_PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[package] = importlib.metadata.version(package)
+    # torch's own string names its build (2.4.0+cu121), which PyPI's wheels leave out of
+    # their metadata
+    versions["torch"] = torch.__version__
     return versions
 
 

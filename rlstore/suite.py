@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 from rlstore import algos
-from rlstore.config import PRESET_DIR, validate
+from rlstore.config import PRESET_DIR, tomllib, validate
 from rlstore.errors import UsageError
 from rlstore.executor import (
     LocalExecutor,

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
 from rlstore import algos
-from rlstore.config import validate
+from rlstore.config import tomllib, validate
 from rlstore.errors import UsageError
 from rlstore.executor import (
     RunSpec,

@@ -18,7 +18,13 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from tiny_runs import SETUPS, Watch, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
-from rlstore.checkpoint import checkpoint_files, env_state, load_env_state
+from rlstore.checkpoint import (
+    checkpoint_files,
+    env_state,
+    load_env_state,
+    rng_state,
+    set_rng_state,
+)
 from rlstore.cli import main
 from rlstore.envs import make_vec_env
 from rlstore.errors import TrainingInterrupted
@@ -250,6 +256,42 @@ def test_async_env_state_round_trip_is_exact():
         )
         assert [chain[0]["reset_due"] for chain in state["envs"]] == reset_due
         other.close()
+
+
+def leaves(tree):
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (list, tuple)):
+        return [leaf for item in tree for leaf in leaves(item)]
+    return [tree]
+
+
+def test_unsigned_arrays_reach_the_checkpoint_as_tensors_torch_2_4_writes(tmp_path):
+    """torch.save in torch 2.4 cannot write uint16/32/64 tensors, and every checkpoint holds
+    one such array (numpy's generator key, uint32): unsigned arrays are saved as signed
+    tensors of the same bits and come back with their dtype and every bit."""
+    values = {np.uint16: [0, 2**16 - 1], np.uint32: [1, 2**32 - 1], np.uint64: [2, 2**64 - 1]}
+    envs = make_vec_env("CartPole-v1", seed=0, num_envs=2, vectorization="sync")
+    envs.reset(seed=0)
+    for dtype, value in values.items():
+        setattr(envs.envs[1].unwrapped, f"counts_{dtype.__name__}", np.array(value, dtype))
+    np.random.seed(3)
+    saved = {"rng": rng_state(), "envs": env_state(envs)}
+    unsigned = (torch.uint16, torch.uint32, torch.uint64)
+    assert not [x for x in leaves(saved) if isinstance(x, torch.Tensor) and x.dtype in unsigned]
+    torch.save(saved, tmp_path / "state.pt")
+    loaded = torch.load(tmp_path / "state.pt", weights_only=True)
+
+    expected = np.random.random(4)
+    np.random.seed(4)
+    set_rng_state(loaded["rng"])
+    np.testing.assert_array_equal(np.random.random(4), expected)
+    other = make_vec_env("CartPole-v1", seed=9, num_envs=2, vectorization="sync")
+    other.reset(seed=9)
+    load_env_state(other, loaded["envs"])
+    for dtype, value in values.items():
+        restored = getattr(other.envs[1].unwrapped, f"counts_{dtype.__name__}")
+        assert restored.dtype == dtype and restored.tolist() == value
 
 
 @needs("mujoco", "mujoco")
