@@ -2,15 +2,15 @@
 
 A suite is a TOML file (configs/suites/ has the shipped ones; docs/guides/many-runs.md the
 format): rows of algorithm x env x seeds x budget, optional config overrides, and per row
-an optional reference band of the score with its source. The runs go to OUT/runs as
-ordinary run directories, at most `workers` at a time; a second start skips the finished
-runs and resumes the interrupted ones. The score of a run is the mean of its last `window`
-(100) training episode returns, as CleanRL's tables score, or with `score = "evaluation"`
-the mean return of its final evaluation (the final policy, deterministic, over
-`eval_episodes` episodes), as RL Zoo's tables score; a row's is the mean +- std over its
-seeds. The exit status is 1 when a row falls below its band. With rliable installed
-(rlstore[rliable]), the rows' scores are also aggregated across envs (rlstore/aggregate.py: a
-section of results.md, aggregate.json, aggregate.png).
+an optional reference band of the score with its source (and the package versions it was
+scored under). The runs go to OUT/runs as ordinary run directories, at most `workers` at a
+time; a second start skips the finished runs and resumes the interrupted ones. The score of
+a run is the mean of its last `window` (100) training episode returns, as CleanRL's tables
+score, or with `score = "evaluation"` the mean return of its final evaluation (the final
+policy, deterministic, over `eval_episodes` episodes), as RL Zoo's tables score; a row's is
+the mean +- std over its seeds. The exit status is 1 when a row falls below its band. With
+rliable installed (rlstore[rliable]), the rows' scores are also aggregated across envs
+(rlstore/aggregate.py: a section of results.md, aggregate.json, aggregate.png).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import json
+import operator
 import platform
+import re
 import subprocess
 import time
 import warnings
@@ -46,7 +48,7 @@ from rlstore.text import plural
 SUITE_KEYS = ("name", "description", "seeds", "window", "score", "row")
 ROW_KEYS = (
     "name", "algo", "env", "steps", "seeds", "overrides", "threshold", "need", "band", "source",
-    "score", "normalize", "reach_window",
+    "score", "normalize", "reach_window", "requires",
 )  # fmt: skip
 SCORES = ("training", "evaluation")
 REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
@@ -68,6 +70,9 @@ class Row:
     score: str = "training"  # or "evaluation": the final evaluation's mean return
     normalize: tuple[float, float] | None = None  # scores mapped to [0, 1] for aggregates
     reach_window: int = REACH_WINDOW  # returns averaged for "steps to threshold"
+    # package -> the versions its band was scored under ({"mujoco": "<3.5"}): runs on other
+    # versions are scored all the same, and their verdict says so
+    requires: dict[str, str] = field(default_factory=dict)
 
     def specs(self, out: Path) -> list[RunSpec]:
         overrides = {**self.overrides, "total_timesteps": self.steps}
@@ -158,6 +163,14 @@ def load_suite(path: Path) -> Suite:
             "reach_window" in raw and "threshold" not in raw
         ):
             raise UsageError(f"{at}: reach_window is a number of returns >= 1, with a threshold")
+        requires = raw.get("requires", {})
+        if not (isinstance(requires, dict) and all(
+            isinstance(spec, str) and _version_clauses(spec) for spec in requires.values()
+        )):  # fmt: skip
+            raise UsageError(
+                f'{at}: requires maps packages to versions, e.g. {{ mujoco = "<3.5" }} '
+                f"(got {requires!r})"
+            )
         rows.append(
             Row(
                 name=str(raw.get("name", raw["algo"])),
@@ -173,6 +186,7 @@ def load_suite(path: Path) -> Suite:
                 score=_score(raw.get("score", suite_score), at),
                 normalize=tuple(normalize) if normalize else None,
                 reach_window=reach_window,
+                requires=requires,
             )
         )
     if not rows:
@@ -207,6 +221,40 @@ def _seeds(value: Any, where: str) -> list[int]:
     if not (isinstance(value, list) and value and all(isinstance(s, int) for s in value)):
         raise UsageError(f"{where}: seeds must be a non-empty list of whole numbers")
     return value
+
+
+VERSION_CLAUSE = re.compile(r"\s*(<=|>=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*")
+COMPARISONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+               "==": operator.eq, "!=": operator.ne}  # fmt: skip
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string ("2.4.0+cu121" -> (2, 4, 0))."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else ()
+
+
+def _version_clauses(spec: str) -> list[tuple[str, tuple[int, ...]]] | None:
+    """`"<3.5"`, `">=2.3, <3.5"`: [(operator, release), ...], or None if not of that form."""
+    clauses = []
+    for clause in spec.split(","):
+        found = VERSION_CLAUSE.fullmatch(clause)
+        if found is None:
+            return None
+        clauses.append((found.group(1), _release(found.group(2))))
+    return clauses
+
+
+def version_satisfies(version: str, spec: str) -> bool:
+    """Whether `version` meets every clause of `spec`, comparing numeric releases padded
+    with zeros (3.4.0 < 3.5 == 3.5.0)."""
+    have = _release(version)
+    for sign, wanted in _version_clauses(spec) or []:
+        width = max(len(have), len(wanted))
+        padded = have + (0,) * (width - len(have)), wanted + (0,) * (width - len(wanted))
+        if not COMPARISONS[sign](*padded):
+            return False
+    return True
 
 
 def preflight(rows: list[Row]) -> None:
@@ -257,6 +305,10 @@ def run_result(
         value = evaluations[-1]["mean_return"]
     else:
         value = float(np.mean(returns[-window:])) if returns else float("nan")
+    record = Path(summary["run_dir"]) / "config.json"  # (what the run ran on)
+    versions = {}
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        versions = json.loads(record.read_text()).get("resolved", {}).get("versions", {})
     return {
         "seed": summary["seed"],
         "run_dir": summary["run_dir"],
@@ -266,6 +318,7 @@ def run_result(
         "reached_at": reached,
         "wall_seconds": summary["wall_seconds"],
         "steps_per_second": summary["global_step"] / max(summary["wall_seconds"], 1e-9),
+        "versions": versions,
     }
 
 
@@ -273,6 +326,12 @@ def row_result(row: Row, runs: list[dict]) -> dict:
     scores = [r["score"] for r in runs]
     mean, std = float(np.mean(scores)), float(np.std(scores))
     reached = [r["reached_at"] for r in runs if r["reached_at"] is not None]
+    # the versions some seed ran on that the band was not scored under
+    other_versions = sorted({
+        f"{package} {version}"
+        for r in runs for package, spec in row.requires.items()
+        if (version := r.get("versions", {}).get(package)) and not version_satisfies(version, spec)
+    })  # fmt: skip
     return {
         "name": row.name,
         "algo": row.algo,
@@ -293,6 +352,8 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "too_few_reached": bool(row.need is not None and len(reached) < row.need),
         "steps_to_threshold": float(np.median(reached)) if reached else None,
         "reach_window": row.reach_window,
+        "requires": dict(row.requires),
+        "other_versions": other_versions,
         "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs])),
         "steps_per_second": float(np.mean([r["steps_per_second"] for r in runs])),
         "runs": runs,
@@ -361,6 +422,9 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
             verdict = "above"  # better than the reference: not an error, but not alike either
         else:
             verdict = "ok" if judged else "-"
+        if judged and r.get("other_versions"):
+            scored = ", ".join(f"{package}{spec}" for package, spec in r["requires"].items())
+            verdict += f" (band scored under {scored}; ran {', '.join(r['other_versions'])})"
         lines.append(
             f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
             f"{r['score_mean']:.1f} +- {r['score_std']:.1f}"

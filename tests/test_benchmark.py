@@ -36,6 +36,7 @@ from rlstore.suite import (
     run_result,
     still_to_run,
     suite_part,
+    version_satisfies,
 )
 
 TINY = """
@@ -606,3 +607,46 @@ def test_a_row_scored_on_evaluation_takes_the_final_evaluation(tmp_path, capsys)
     assert row["runs"][0]["score"] != pytest.approx(np.mean(returns[-100:]))  # not training
     table = (out / "results.md").read_text()
     assert "(eval)" in table and "the mean return of the final evaluation" in table
+
+
+def test_versions_meet_a_rows_requires_by_numeric_release():
+    for version, spec, meets in [
+        ("3.4.0", "<3.5", True), ("3.5.0", "<3.5", False), ("4.0.0", "<3.5", False),
+        ("3.10.0", "<3.5", False),  # numbers, not strings: 10 > 5
+        ("2.3.3", ">=2.3, <3.5", True), ("2.2.9", ">=2.3, <3.5", False),
+        ("2.4.0+cu121", "==2.4", True), ("3.5", "!=3.5.0", False), ("3.5", "<=3.5.0", True),
+    ]:  # fmt: skip
+        assert version_satisfies(version, spec) is meets, (version, spec)
+
+
+def test_a_row_scored_on_other_versions_than_its_band_says_so(tmp_path):
+    """`requires` names the versions a band was scored under; the verdict of a row whose
+    runs (their config.json) ran on others says which; a bad `requires` is one line."""
+    file = tmp_path / "s.toml"
+    row = '[[row]]\nalgo = "td3"\nenv = "Hopper-v4"\nsteps = 10\nband = [2770, 3855]\n'
+    file.write_text(row + 'requires = { mujoco = "<3.5" }\n')
+    (loaded,) = load_suite(file).rows
+    assert loaded.requires == {"mujoco": "<3.5"}
+    for bad in ['{ mujoco = "3.5" }', '"mujoco<3.5"', "{ mujoco = 3.5 }"]:
+        file.write_text(row + f"requires = {bad}\n")
+        with pytest.raises(UsageError, match="requires maps packages to versions"):
+            load_suite(file)
+
+    def run(seed, mujoco):
+        run_dir = tmp_path / f"run{seed}"
+        run_dir.mkdir()
+        versions = {"python": "3.11.9"} | ({"mujoco": mujoco} if mujoco else {})
+        (run_dir / "config.json").write_text(json.dumps({"resolved": {"versions": versions}}))
+        episodes = {"returns": [2000.0], "steps": [10]}
+        summary = {"seed": seed, "run_dir": str(run_dir), "global_step": 10,
+                   "wall_seconds": 1.0, "episodes": episodes}  # fmt: skip
+        return run_result(summary, 100, None)
+
+    runs = [run(1, "4.0.0"), run(2, "3.4.0"), run(3, "4.0.0"), run(4, None)]
+    assert runs[0]["versions"]["mujoco"] == "4.0.0" and "mujoco" not in runs[3]["versions"]
+    result = row_result(loaded, runs)
+    assert result["other_versions"] == ["mujoco 4.0.0"]
+    table = results_markdown(Suite("s", [loaded]), [result])
+    assert "| BELOW (band scored under mujoco<3.5; ran mujoco 4.0.0) |" in table
+    result = row_result(loaded, runs[1:2] + runs[3:])  # the band's physics, or unrecorded
+    assert "| BELOW |" in results_markdown(Suite("s", [loaded]), [result])
