@@ -95,7 +95,8 @@ class RunSpec:
     def state(self) -> tuple[str, Path | None]:
         """("done", dir), ("interrupted", dir), ("extend", dir) (finished with fewer steps
         than asked now: resuming continues it) or ("new", None). A directory with neither
-        summary nor checkpoint (killed before its first checkpoint) is removed. A directory
+        summary nor checkpoint (killed before its first checkpoint) is removed; one that
+        finished short and kept no checkpoint is a UsageError, and is kept. A directory
         whose config differs from this spec's is a UsageError: the suite or sweep changed."""
         cfg, _ = self.config()
         for path in self.directories():
@@ -111,6 +112,11 @@ class RunSpec:
                 return "done", path
             if any((path / "checkpoints").glob("step_*.pt")):
                 return ("interrupted" if done is None else "extend"), path
+            if done is not None:
+                raise UsageError(
+                    f"{path} finished at {done:,} steps and keeps no checkpoint to continue "
+                    f"from to {cfg.steps_run:,}; move it away to train this run anew"
+                )
             shutil.rmtree(path)
         return "new", None
 
@@ -185,17 +191,19 @@ def _plain(value: Any) -> Any:
 
 
 def finished_steps(run_dir: Path) -> int | None:
-    """The env steps of a run that finished (its summary.json) and still has its final
-    checkpoint; None when it never finished (or that checkpoint was removed: a resume then
-    continues from an earlier one)."""
+    """The env steps of a run that finished (its summary.json); None when it never finished,
+    or when its final checkpoint was removed and earlier ones kept (a resume then continues
+    from one of those). A finished run whose checkpoints were all removed (they hold SAC's
+    replay buffer: 100 MB each) stays finished: its summary is all that is left of it."""
     summary = Path(run_dir) / "summary.json"
     if not summary.is_file():
         return None
     steps = json.loads(summary.read_text())["global_step"]
-    from rlstore.checkpoint import checkpoint_path  # (torch: not at `rlstore --help`)
+    from rlstore.checkpoint import checkpoint_files, checkpoint_path  # (torch: not at --help)
 
-    final = checkpoint_path(Path(run_dir) / "checkpoints", steps)
-    return steps if final.is_file() else None
+    checkpoints = Path(run_dir) / "checkpoints"
+    kept = checkpoint_files(checkpoints)
+    return steps if not kept or checkpoint_path(checkpoints, steps).is_file() else None
 
 
 def read_summary(run_dir: Path) -> dict:

@@ -243,6 +243,38 @@ def test_a_larger_budget_extends_finished_runs_and_a_smaller_one_is_refused(tmp_
 
 
 @pytest.mark.slow
+def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, capsys):
+    """Checkpoints take room (SAC's hold its replay buffer), so users remove them once runs
+    finish. Such a run reads back as finished, with its score, and nothing in it is touched
+    (it was deleted and trained anew before). Asked for more steps than it made, with nothing
+    to continue from: one line, exit 2, nothing touched."""
+    suite = tmp_path / "s.toml"
+    text = 'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
+    suite.write_text(text)
+    out = tmp_path / "out"
+    args = ["benchmark", str(suite), "--out", str(out), "--no-plot", "--workers", "1"]
+    assert main(args) == 0
+    scored = json.loads((out / "results.json").read_text())["rows"]
+    (run_dir,) = (out / "runs").iterdir()
+    shutil.rmtree(run_dir / "checkpoints")
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+
+    assert main(["benchmark", str(suite), "--out", str(out), "--status"]) == 0
+    assert "1 finished, 0 begun" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "1 finished, 0 to resume, 0 to start" in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["rows"] == scored
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+
+    suite.write_text(text.replace("2048", "4096"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir} finished at 2,048 steps and keeps no checkpoint to continue from" in err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+
+
+@pytest.mark.slow
 def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     """SIGINT mid-run: the run checkpoints, the suite exits 130; started again, it resumes
     the run, which ends bitwise equal to a run never interrupted."""
