@@ -114,8 +114,8 @@ class RunSpec:
                 return ("interrupted" if done is None else "extend"), path
             if done is not None:
                 raise UsageError(
-                    f"{path} finished at {done:,} steps and keeps no checkpoint to continue "
-                    f"from to {cfg.steps_run:,}; move it away to train this run anew"
+                    f"{path} finished at {done:,} steps and has no checkpoint left to continue "
+                    f"it to {cfg.steps_run:,}; move it away to train this run anew"
                 )
             shutil.rmtree(path)
         return "new", None
@@ -193,8 +193,8 @@ def _plain(value: Any) -> Any:
 def finished_steps(run_dir: Path) -> int | None:
     """The env steps of a run that finished (its summary.json); None when it never finished,
     or when its final checkpoint was removed and earlier ones kept (a resume then continues
-    from one of those). A finished run whose checkpoints were all removed (they hold SAC's
-    replay buffer: 100 MB each) stays finished: its summary is all that is left of it."""
+    from one of those). A finished run whose checkpoints were all removed (to save room: an
+    off-policy run's hold its replay buffer) stays finished."""
     summary = Path(run_dir) / "summary.json"
     if not summary.is_file():
         return None

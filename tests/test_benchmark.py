@@ -270,7 +270,7 @@ def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, 
     suite.write_text(text.replace("2048", "4096"))
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"{run_dir} finished at 2,048 steps and keeps no checkpoint to continue from" in err
+    assert f"{run_dir} finished at 2,048 steps and has no checkpoint left to continue it" in err
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
 
 
