@@ -214,15 +214,29 @@ def test_results_table_equals_the_same_runs_made_by_hand(tiny, tmp_path, capsys)
     assert "BELOW" in table and "a test" in table
 
 
-@pytest.mark.slow
-def test_a_larger_budget_extends_finished_runs_and_a_smaller_one_is_refused(tmp_path, capsys):
-    """Finished runs asked for more steps resume to the new total: the same run directory,
-    its episodes so far unchanged. Fewer steps than a run made: one line, nothing touched."""
+def files_in(directory: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def one_ppo_run_suite(tmp_path: Path) -> tuple[Path, str, Path, list[str]]:
+    """A suite of one 2,048-step PPO CartPole run: its file, text, --out and benchmark args."""
     suite = tmp_path / "s.toml"
     text = 'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
     suite.write_text(text)
     out = tmp_path / "out"
-    args = ["benchmark", str(suite), "--out", str(out), "--no-plot", "--workers", "1"]
+    return (
+        suite,
+        text,
+        out,
+        ["benchmark", str(suite), "--out", str(out), "--no-plot", "--workers", "1"],
+    )
+
+
+@pytest.mark.slow
+def test_a_larger_budget_extends_finished_runs_and_a_smaller_one_is_refused(tmp_path, capsys):
+    """Finished runs asked for more steps resume to the new total: the same run directory,
+    its episodes so far unchanged. Fewer steps than a run made: one line, nothing touched."""
+    suite, text, out, args = one_ppo_run_suite(tmp_path)
     assert main(args) == 0
     (run_dir,) = (out / "runs").iterdir()
     short = json.loads((run_dir / "summary.json").read_text())
@@ -248,16 +262,12 @@ def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, 
     finish. Such a run reads back as finished, with its score, and nothing in it is touched
     (it was deleted and trained anew before). Asked for more steps than it made, with nothing
     to continue from: one line, exit 2, nothing touched."""
-    suite = tmp_path / "s.toml"
-    text = 'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
-    suite.write_text(text)
-    out = tmp_path / "out"
-    args = ["benchmark", str(suite), "--out", str(out), "--no-plot", "--workers", "1"]
+    suite, text, out, args = one_ppo_run_suite(tmp_path)
     assert main(args) == 0
     scored = json.loads((out / "results.json").read_text())["rows"]
     (run_dir,) = (out / "runs").iterdir()
     shutil.rmtree(run_dir / "checkpoints")
-    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    files = files_in(run_dir)
     capsys.readouterr()
 
     assert main(["benchmark", str(suite), "--out", str(out), "--status"]) == 0
@@ -265,13 +275,13 @@ def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, 
     assert main(args) == 0
     assert "1 finished, 0 to resume, 0 to start" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["rows"] == scored
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    assert files_in(run_dir) == files
 
     suite.write_text(text.replace("2048", "4096"))
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"{run_dir} finished at 2,048 steps and has no checkpoint left to continue it" in err
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    assert files_in(run_dir) == files
 
 
 @pytest.mark.slow
