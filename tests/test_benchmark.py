@@ -284,6 +284,35 @@ def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, 
     assert files_in(run_dir) == files
 
 
+ARCHIVE = Path(__file__).resolve().parents[1] / "docs" / "results" / "finished-runs"
+
+
+@pytest.mark.parametrize(("suite_name", "page"), [("mujoco-offpolicy", "learning-offpolicy.md")])
+def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(
+    suite_name, page, tmp_path, capsys
+):
+    """docs/results/finished-runs keeps finished runs' config.json and summary.json, so
+    that a machine lost does not lose them. Copied into an output directory, the shipped
+    suite reads each back as finished with its summary's score (the mean of its last 100
+    returns), on today's code and settings (a changed default would make them another
+    suite's runs), and that score is the one the suite's results page gives."""
+    page_text = (ARCHIVE.parent / page).read_text()
+    archived = sorted((ARCHIVE / suite_name).iterdir())
+    assert archived
+    shutil.copytree(ARCHIVE / suite_name, tmp_path / "runs")
+    assert main(["benchmark", suite_name, "--out", str(tmp_path), "--status"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(archived)} finished, 0 begun" in out
+    for run_dir in archived:
+        config = json.loads((run_dir / "config.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        score = np.mean(summary["episodes"]["returns"][-100:])
+        steps = summary["global_step"]
+        row = f"| {config['exp_name']} | {config['env_id']} | {config['seed']} | finished | "
+        assert f"{row}{steps:,} of {steps:,} | {score:,.1f} |" in out
+        assert f"{score:,.1f}" in page_text
+
+
 @pytest.mark.slow
 def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     """SIGINT mid-run: the run checkpoints, the suite exits 130; started again, it resumes
