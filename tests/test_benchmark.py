@@ -313,6 +313,20 @@ def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(
         assert f"{score:,.1f}" in page_text
 
 
+def test_the_archived_mujoco_3_4_side_runs_are_the_results_pages_figures():
+    """The TD3 Hopper runs under MuJoCo 3.4.0 that the results page sets against the
+    suite's (MuJoCo 4) ran to their end under that version and scored what the page says."""
+    page_text = (ARCHIVE.parent / "learning-offpolicy.md").read_text()
+    archived = sorted((ARCHIVE / "td3-hopper-mujoco-3.4.0").iterdir())
+    assert archived
+    for run_dir in archived:
+        config = json.loads((run_dir / "config.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert config["resolved"]["versions"]["mujoco"] == "3.4.0"
+        assert summary["global_step"] == config["total_timesteps"] == 1_000_000
+        assert f"{np.mean(summary['episodes']['returns'][-100:]):,.1f}" in page_text
+
+
 @pytest.mark.slow
 def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     """SIGINT mid-run: the run checkpoints, the suite exits 130; started again, it resumes
