@@ -285,27 +285,32 @@ def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, 
 
 
 ARCHIVE = Path(__file__).resolve().parents[1] / "docs" / "results" / "finished-runs"
+OFFPOLICY_PAGE = ARCHIVE.parent / "learning-offpolicy.md"
 
 
-@pytest.mark.parametrize(("suite_name", "page"), [("mujoco-offpolicy", "learning-offpolicy.md")])
-def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(
-    suite_name, page, tmp_path, capsys
-):
+def archived_runs(folder: str) -> list[tuple[dict, dict]]:
+    """(config, summary) of each run kept in docs/results/finished-runs/folder."""
+    runs = sorted((ARCHIVE / folder).iterdir())
+    assert runs
+    return [
+        tuple(json.loads((r / f).read_text()) for f in ("config.json", "summary.json"))
+        for r in runs
+    ]
+
+
+def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(tmp_path, capsys):
     """docs/results/finished-runs keeps finished runs' config.json and summary.json, so
     that a machine lost does not lose them. Copied into an output directory, the shipped
     suite reads each back as finished with its summary's score (the mean of its last 100
     returns), on today's code and settings (a changed default would make them another
     suite's runs), and that score is the one the suite's results page gives."""
-    page_text = (ARCHIVE.parent / page).read_text()
-    archived = sorted((ARCHIVE / suite_name).iterdir())
-    assert archived
-    shutil.copytree(ARCHIVE / suite_name, tmp_path / "runs")
-    assert main(["benchmark", suite_name, "--out", str(tmp_path), "--status"]) == 0
+    page_text = OFFPOLICY_PAGE.read_text()
+    archived = archived_runs("mujoco-offpolicy")
+    shutil.copytree(ARCHIVE / "mujoco-offpolicy", tmp_path / "runs")
+    assert main(["benchmark", "mujoco-offpolicy", "--out", str(tmp_path), "--status"]) == 0
     out = capsys.readouterr().out
     assert f"{len(archived)} finished, 0 begun" in out
-    for run_dir in archived:
-        config = json.loads((run_dir / "config.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
+    for config, summary in archived:
         score = np.mean(summary["episodes"]["returns"][-100:])
         steps = summary["global_step"]
         row = f"| {config['exp_name']} | {config['env_id']} | {config['seed']} | finished | "
@@ -316,12 +321,8 @@ def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(
 def test_the_archived_mujoco_3_4_side_runs_are_the_results_pages_figures():
     """The TD3 Hopper runs under MuJoCo 3.4.0 that the results page sets against the
     suite's (MuJoCo 4) ran to their end under that version and scored what the page says."""
-    page_text = (ARCHIVE.parent / "learning-offpolicy.md").read_text()
-    archived = sorted((ARCHIVE / "td3-hopper-mujoco-3.4.0").iterdir())
-    assert archived
-    for run_dir in archived:
-        config = json.loads((run_dir / "config.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
+    page_text = OFFPOLICY_PAGE.read_text()
+    for config, summary in archived_runs("td3-hopper-mujoco-3.4.0"):
         assert config["resolved"]["versions"]["mujoco"] == "3.4.0"
         assert summary["global_step"] == config["total_timesteps"] == 1_000_000
         assert f"{np.mean(summary['episodes']['returns'][-100:]):,.1f}" in page_text
