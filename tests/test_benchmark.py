@@ -289,7 +289,7 @@ OFFPOLICY_PAGE = ARCHIVE.parent / "learning-offpolicy.md"
 
 
 def archived_runs(folder: str) -> list[tuple[dict, dict]]:
-    """(config, summary) of each run kept in docs/results/finished-runs/folder."""
+    """(config, summary) of each run kept in the archive folder `folder` (under ARCHIVE)."""
     runs = sorted((ARCHIVE / folder).iterdir())
     assert runs
     return [
