@@ -154,6 +154,7 @@ def child_sb3(
     from stable_baselines3 import DQN, PPO, SAC, TD3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     class Watch(BaseCallback):
         def __init__(self):
@@ -251,6 +252,7 @@ def child_sb3(
             seed=seed,
             device=device,
         )
+    model.set_logger(Logger(None, []))  # SB3's default makes an empty /tmp/SB3-<date> per run
     start = time.time()
     model.learn(steps, callback=watch)
     seconds = time.time() - start

@@ -24,6 +24,7 @@ def train(env_id: str, seed: int, steps: int, out: Path) -> None:
     import torch
     from stable_baselines3 import TD3
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.noise import NormalActionNoise
 
     torch.set_num_threads(1)  # as rlstore's runs
@@ -51,6 +52,7 @@ def train(env_id: str, seed: int, steps: int, out: Path) -> None:
         policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
         policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu",
     )  # fmt: skip
+    model.set_logger(Logger(None, []))  # SB3's default makes an empty /tmp/SB3-<date> per run
     with out.open("w") as file:
         model.learn(steps, callback=Episodes(file))
 

@@ -513,7 +513,7 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
     and no smoothing, at TD3's policy delay, as CleanRL's DDPG). Actions in [-1, 1], where
     SB3's normalized actions are the env's."""
     from stable_baselines3 import TD3
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
     cfg = TD3Config() if algo == "td3" else DDPGConfig()
@@ -527,7 +527,7 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
                 target_policy_noise=cfg.policy_noise, target_noise_clip=cfg.noise_clip,
                 policy_kwargs=dict(net_arch=list(hidden), n_critics=cfg.critics),
                 learning_starts=0, device="cpu")  # fmt: skip
-    model.set_logger(configure(None, []))
+    model.set_logger(Logger(None, []))  # (configure() makes a /tmp/SB3-<date>)
     agent = DeterministicActorCritic(obs_dim, [-1.0] * action_dim, [1.0] * action_dim, hidden,
                                      critics=cfg.critics)  # fmt: skip
     for p in agent.parameters():
