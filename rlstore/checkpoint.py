@@ -146,8 +146,12 @@ def write_summary(
     if evaluations is not None:
         fields["evaluations"] = evaluations
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(fields) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(fields) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk leaves a partial one)
+        raise
 
 
 def write_policy(

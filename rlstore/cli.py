@@ -34,7 +34,7 @@ from rlstore.config import (
     resolve,
     shipped_presets,
 )
-from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError
 from rlstore.executor import finished_steps
 
 USAGE = """\
@@ -407,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"rlstore: error: {e}", file=sys.stderr)
         return 2
+    except DiskFull as e:
+        print(f"rlstore: error: {e}", file=sys.stderr)
+        return 1
     except TrainingInterrupted as e:
         return e.exit_code
     except KeyboardInterrupt:

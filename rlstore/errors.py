@@ -1,4 +1,4 @@
-"""The two exceptions the command line turns into exit statuses."""
+"""The exceptions the command line turns into exit statuses."""
 
 from __future__ import annotations
 
@@ -13,3 +13,9 @@ class TrainingInterrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by signal {signum}")
         self.exit_code = 128 + signum
+
+
+class DiskFull(Exception):
+    """The disk filled while a run was writing; what is already written stays whole (every
+    file is written atomically). The CLI prints the message on one line and exits with
+    status 1."""

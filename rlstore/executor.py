@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlstore import algos
 from rlstore.config import CommonConfig, resolve, run_dir_prefix
-from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError
 from rlstore.locks import holder
 
 if TYPE_CHECKING:
@@ -421,13 +421,17 @@ def _complete_in_child(spec: RunSpec) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """The child process: complete the spec given as JSON; exit 0, 2 (usage), 130 or 143."""
+    """The child process: complete the spec given as JSON; exit 0, 1 (a full disk), 2 (usage),
+    130 or 143."""
     spec = RunSpec(**json.loads(argv[0]))
     try:
         spec.complete()
     except UsageError as e:
         print(f"rlstore: error: {e}", file=sys.stderr)
         return 2
+    except DiskFull as e:
+        print(f"rlstore: error: {e}", file=sys.stderr)
+        return 1
     except TrainingInterrupted as e:
         return e.exit_code
     except KeyboardInterrupt:  # a Ctrl-C before the run's own handler: it was stopped

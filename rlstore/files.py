@@ -3,6 +3,7 @@ and the storages' own save/load share."""
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import tempfile
@@ -24,9 +25,23 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
         Path(tmp).unlink(missing_ok=True)
+        # torch.save reports a short write on a full disk as a RuntimeError ("unexpected
+        # pos"): name the cause, as a plain write would (OSError ENOSPC)
+        if isinstance(e, RuntimeError) and no_room_for(written, path.parent):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
         raise
+
+
+def no_room_for(size: int, folder: Path) -> bool:
+    """Whether `folder`'s file system lacks room for `size` more bytes (and some slack)."""
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < size + (64 << 20)
 
 
 def _umask() -> int:

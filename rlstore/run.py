@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import importlib
 import importlib.metadata
 import importlib.util
@@ -60,7 +61,7 @@ from rlstore.config import (
     validate,
 )
 from rlstore.envs import EpisodeStats, check_env_id
-from rlstore.errors import TrainingInterrupted, UsageError
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError
 from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.executor import RUNS_AT_ONCE, available_cores
 from rlstore.locks import DirectoryLock
@@ -573,10 +574,21 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        with contextlib.suppress(OSError) if full else contextlib.nullcontext():
+            self.close()  # (on a full disk the event file's last flush fails too)
         if self.state is not None:
             self.state.envs.close()
+        if full:
+            kept = checkpoint_files(self.dir / "checkpoints")
+            last = (
+                f"its newest checkpoint, {kept[0].name}, is whole; free space, then continue "
+                f"with: rlstore resume {self.dir}"
+                if kept
+                else "it has no checkpoint yet; free space, then train again"
+            )
+            raise DiskFull(f"the disk is full ({exc.filename or self.dir}); {last}") from exc
 
     def _resume(self) -> None:
         found = read_newest_checkpoint(self.dir / "checkpoints")
@@ -763,19 +775,21 @@ class Run:
         (back to the default); safe to call again."""
         flush_denormals(False)
         self._blas_threads.restore_original_limits()
-        if self.evaluator is not None:
-            self.evaluator.close()
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        if self.tracker is not None:
-            self.tracker.finish()
-            self.tracker = None
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers = {}
-        if self._lock is not None:
-            self._lock.release()
+        try:  # (writes that can fail, on a full disk: the signals and lock go back anyway)
+            if self.evaluator is not None:
+                self.evaluator.close()
+            if self.writer is not None:
+                writer, self.writer = self.writer, None
+                writer.close()
+            if self.tracker is not None:
+                tracker, self.tracker = self.tracker, None
+                tracker.finish()
+        finally:
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler)
+            self._previous_handlers = {}
+            if self._lock is not None:
+                self._lock.release()
 
     def finish(self) -> TrainResult:
         """Evaluate the final policy (with --eval-every, when the run is complete and its

@@ -15,7 +15,7 @@ import pytest
 import torch
 from extras import needs
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
-from tiny_runs import SETUPS, Watch, params, replace, same_params
+from tiny_runs import SETUPS, Watch, only_run_dir, params, replace, same_params
 
 from rlstore.algos import dqn, ppo
 from rlstore.checkpoint import (
@@ -147,6 +147,70 @@ def test_atomic_write_killed_midway_leaves_previous_checkpoint(tmp_path):
         atomic_save({"a": torch.zeros(3), "b": Exploding()}, path)
     assert torch.equal(safe_load(path)["a"], torch.ones(3))
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_torchs_short_write_on_a_full_disk_is_named_as_one(tmp_path, monkeypatch):
+    """torch.save reports a write that ran out of room as a RuntimeError ("unexpected pos");
+    atomic_save names it ENOSPC when the file system has no room for what was written, and
+    leaves the previous file whole. With room, the error is torch's own."""
+    import errno
+    from types import SimpleNamespace
+
+    from rlstore import files
+
+    path = tmp_path / "step_000000000001.pt"
+    files.atomic_save({"a": torch.ones(3)}, path)
+
+    def short_write(obj, f):
+        f.write(b"x" * 1000)
+        f.flush()
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")
+
+    monkeypatch.setattr(files.torch, "save", short_write)
+    for free, raised in [(500, OSError), (1 << 40, RuntimeError)]:
+        monkeypatch.setattr(files.os, "statvfs", lambda _, f=free: SimpleNamespace(
+            f_bavail=f, f_frsize=1))  # fmt: skip
+        with pytest.raises(raised) as caught:
+            files.atomic_save({"a": torch.zeros(3)}, path)
+        if raised is OSError:
+            assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
+        assert torch.equal(safe_load(path)["a"], torch.ones(3))
+        assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_full_disk_ends_a_run_in_one_line_and_it_resumes(tmp_path, capsys, monkeypatch):
+    """The disk fills at the third checkpoint: one line that names the newest whole
+    checkpoint and the command that continues, exit status 1, the run directory unlocked;
+    after that, `rlstore resume` finishes the run from that checkpoint."""
+    import errno
+
+    from rlstore import checkpoint
+
+    save, calls = checkpoint.atomic_save, []
+
+    def fills_up(obj, path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        save(obj, path)
+
+    monkeypatch.setattr(checkpoint, "atomic_save", fills_up)
+    argv = ["train", "ppo", "--env", "CartPole-v1", "--total-timesteps", "1024", "--num-steps"]
+    argv += ["32", "--checkpoint-every", "256", "--logdir", str(tmp_path), "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    run_dir = only_run_dir(tmp_path)
+    assert err == [
+        f"rlstore: error: the disk is full ({calls[2]}); its newest checkpoint, "
+        f"step_000000000512.pt, is whole; free space, then continue with: "
+        f"rlstore resume {run_dir}"
+    ]
+    assert [p.name for p in checkpoint_files(run_dir / "checkpoints")] == [
+        "step_000000000512.pt", "step_000000000256.pt"]  # fmt: skip
+    monkeypatch.setattr(checkpoint, "atomic_save", save)
+    assert main(["resume", str(run_dir), "--no-progress"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert safe_load(checkpoint_files(run_dir / "checkpoints")[0])["global_step"] == 1024
 
 
 def test_checkpoint_of_another_algorithm_or_env_is_refused(tmp_path, capsys):
