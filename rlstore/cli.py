@@ -34,7 +34,7 @@ from rlstore.config import (
     resolve,
     shipped_presets,
 )
-from rlstore.errors import DiskFull, TrainingInterrupted, UsageError
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, quiet_disk_full_in_threads
 from rlstore.executor import finished_steps
 
 USAGE = """\
@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlstore {__version__}")
         return 0
     command, rest = args[0], args[1:]
+    quiet_disk_full_in_threads()
     from_run = None
     try:
         if command == "train":

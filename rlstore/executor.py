@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlstore import algos
 from rlstore.config import CommonConfig, resolve, run_dir_prefix
-from rlstore.errors import DiskFull, TrainingInterrupted, UsageError
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, quiet_disk_full_in_threads
 from rlstore.locks import holder
 
 if TYPE_CHECKING:
@@ -424,6 +424,7 @@ def main(argv: list[str]) -> int:
     """The child process: complete the spec given as JSON; exit 0, 1 (a full disk), 2 (usage),
     130 or 143."""
     spec = RunSpec(**json.loads(argv[0]))
+    quiet_disk_full_in_threads()
     try:
         spec.complete()
     except UsageError as e:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import importlib
 import importlib.metadata
 import importlib.util
@@ -61,7 +60,7 @@ from rlstore.config import (
     validate,
 )
 from rlstore.envs import EpisodeStats, check_env_id
-from rlstore.errors import DiskFull, TrainingInterrupted, UsageError
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, is_disk_full
 from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.executor import RUNS_AT_ONCE, available_cores
 from rlstore.locks import DirectoryLock
@@ -575,7 +574,7 @@ class Run:
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        full = is_disk_full(exc)
         with contextlib.suppress(OSError) if full else contextlib.nullcontext():
             self.close()  # (on a full disk the event file's last flush fails too)
         if self.state is not None:

@@ -213,6 +213,32 @@ def test_a_full_disk_ends_a_run_in_one_line_and_it_resumes(tmp_path, capsys, mon
     assert safe_load(checkpoint_files(run_dir / "checkpoints")[0])["global_step"] == 1024
 
 
+def test_a_full_disk_in_tensorboards_thread_prints_no_traceback(monkeypatch):
+    """TensorBoard's writer thread meets a full disk first: its error stays quiet (the main
+    thread's next write meets it and prints the one line); other threads' errors do not."""
+    import errno
+    import threading
+
+    from rlstore.errors import quiet_disk_full_in_threads
+
+    reported = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_value))
+    quiet_disk_full_in_threads()
+    hook = threading.excepthook
+    quiet_disk_full_in_threads()  # a second main() in one process wraps nothing more
+    assert threading.excepthook is hook
+    errors = [OSError(errno.ENOSPC, "No space left on device"), ValueError("a bug")]
+    for error in errors:
+
+        def fail(e=error):
+            raise e
+
+        thread = threading.Thread(target=fail)
+        thread.start()
+        thread.join()
+    assert reported == errors[1:]
+
+
 def test_checkpoint_of_another_algorithm_or_env_is_refused(tmp_path, capsys):
     _, ppo_cfg = SETUPS["ppo"]
     ppo_run = ppo.train(replace(ppo_cfg, logdir=str(tmp_path / "p"))).run_dir
