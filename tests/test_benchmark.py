@@ -298,24 +298,41 @@ def archived_runs(folder: str) -> list[tuple[dict, dict]]:
     ]
 
 
-def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(tmp_path, capsys):
+def first_step_at_or_above(returns: list[float], steps: list[int], threshold: float) -> int:
+    """The step at which the mean of 20 consecutive returns first met `threshold`, by a
+    plain loop (the suite's own first_reach uses a cumulative sum)."""
+    for end in range(20, len(returns) + 1):
+        if sum(returns[end - 20 : end]) / 20 >= threshold:
+            return steps[end - 1]
+    raise AssertionError("never reached")
+
+
+@pytest.mark.parametrize("suite", ["mujoco-offpolicy", "offpolicy"])
+def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(suite, tmp_path, capsys):
     """docs/results/finished-runs keeps finished runs' config.json and summary.json, so
     that a machine lost does not lose them. Copied into an output directory, the shipped
     suite reads each back as finished with its summary's score (the mean of its last 100
-    returns), on today's code and settings (a changed default would make them another
-    suite's runs), and that score is the one the suite's results page gives."""
+    returns) and, on a row with a threshold, its first step there, on today's code and
+    settings (a changed default would make them another suite's runs); the suite's results
+    page gives both."""
     page_text = OFFPOLICY_PAGE.read_text()
-    archived = archived_runs("mujoco-offpolicy")
-    shutil.copytree(ARCHIVE / "mujoco-offpolicy", tmp_path / "runs")
-    assert main(["benchmark", "mujoco-offpolicy", "--out", str(tmp_path), "--status"]) == 0
+    archived = archived_runs(suite)
+    shutil.copytree(ARCHIVE / suite, tmp_path / "runs")
+    assert main(["benchmark", suite, "--out", str(tmp_path), "--status"]) == 0
     out = capsys.readouterr().out
     assert f"{len(archived)} finished, 0 begun" in out
     for config, summary in archived:
-        score = np.mean(summary["episodes"]["returns"][-100:])
-        steps = summary["global_step"]
-        row = f"| {config['exp_name']} | {config['env_id']} | {config['seed']} | finished | "
-        assert f"{row}{steps:,} of {steps:,} | {score:,.1f} |" in out
+        returns, steps = summary["episodes"]["returns"], summary["episodes"]["steps"]
+        score = np.mean(returns[-100:])
+        row = (
+            f"| {config['exp_name']} | {config['env_id']} | {config['seed']} | finished | "
+            f"{summary['global_step']:,} of {summary['global_step']:,} | {score:,.1f} |"
+        )
+        (line,) = [line for line in out.splitlines() if line.startswith(row)]
         assert f"{score:,.1f}" in page_text
+        if config["env_id"] == "Pendulum-v1":  # the rows whose check is reaching -200
+            reached = first_step_at_or_above(returns, steps, -200)
+            assert line.endswith(f"| {reached:,} |") and f"{reached:,}" in page_text
 
 
 def test_the_archived_mujoco_3_4_side_runs_are_the_results_pages_figures():
