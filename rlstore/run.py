@@ -420,6 +420,17 @@ RECORDED_PACKAGES = ("rlstore", "torch", "numpy", "gymnasium", "mujoco", "box2d"
                      "ale-py")  # fmt: skip
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what `platform` knows), for
+    config.json, so that runs' figures from two machines can be told apart."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine()
+
+
 def package_versions() -> dict[str, str]:
     """Python's and each installed RECORDED_PACKAGES's version, for config.json."""
     versions = {"python": platform.python_version()}
@@ -532,9 +543,9 @@ class Run:
         record.update(dataclasses.asdict(cfg))
         # What "auto" became on this machine (read back by nobody: a resume resolves again),
         # and what the run ran on: a score depends on the env's physics, which its id does
-        # not pin (Hopper-v4 steps otherwise from MuJoCo 3.5.0 on).
+        # not pin (Hopper-v4 steps otherwise from MuJoCo 3.5.0 on). A resume records its own.
         record["resolved"] = {"device": str(self.device), "torch_threads": torch.get_num_threads(),
-                              "versions": package_versions()}  # fmt: skip
+                              "cpu": cpu_model(), "versions": package_versions()}  # fmt: skip
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         if cfg.track:
             self.tracker = start_tracking(cfg, self.dir, record)

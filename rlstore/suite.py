@@ -361,11 +361,12 @@ def row_result(row: Row, runs: list[dict]) -> dict:
 
 
 def made_where() -> str:
-    """'rlstore 0.1.0 at commit abc1234 on x86_64, 2 cores, 2026-12-01 (python 3.11.7, torch
-    2.13.0, ..., mujoco 4.0.0)': what a results page was made with (the commit when rlstore
-    runs from a git checkout; the versions a run's config.json records)."""
+    """'rlstore 0.1.0 at commit abc1234 on x86_64 (Intel(R) Xeon(R) Processor), 2 cores,
+    2026-12-01 (python 3.11.7, torch 2.13.0, ..., mujoco 4.0.0)': what a results page was
+    made with (the commit when rlstore runs from a git checkout; the CPU and the versions a
+    run's config.json records)."""
     from rlstore import __version__
-    from rlstore.run import package_versions
+    from rlstore.run import cpu_model, package_versions
 
     try:
         commit = subprocess.run(
@@ -378,7 +379,7 @@ def made_where() -> str:
     cores = plural(available_cores(), "core")
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items() if k != "rlstore")
     return (
-        f"rlstore {__version__}{at} on {platform.machine()}, {cores}, "
+        f"rlstore {__version__}{at} on {platform.machine()} ({cpu_model()}), {cores}, "
         f"{time.strftime('%Y-%m-%d')} ({versions})"
     )
 

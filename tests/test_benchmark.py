@@ -492,8 +492,10 @@ def test_results_pages_say_what_they_were_made_with():
     import gymnasium as gym
     import torch
 
+    from rlstore.run import cpu_model
+
     made = made_where()
-    assert made.startswith("rlstore ") and f" on {platform.machine()}, " in made
+    assert made.startswith("rlstore ") and f" on {platform.machine()} ({cpu_model()}), " in made
     assert f"torch {torch.__version__}, " in made and f"gymnasium {gym.__version__}" in made
     assert f"python {platform.python_version()}, " in made
 

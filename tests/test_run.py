@@ -6,6 +6,7 @@ import json
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -41,7 +42,14 @@ def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatc
     )
     assert record["config"] == str(fast)
     versions = record["resolved"].pop("versions")
+    cpu = record["resolved"].pop("cpu")
     assert record["resolved"] == {"device": "cpu", "torch_threads": 1}
+    # the CPU, as Linux names it
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        assert f"model name\t: {cpu}\n" in cpuinfo.read_text()
+    else:
+        assert cpu
     # what the run ran on, as the packages themselves say
     assert versions["torch"] == torch.__version__ and versions["gymnasium"] == gym.__version__
     assert versions["numpy"] == np.__version__ and versions["python"] == platform.python_version()
