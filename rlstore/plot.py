@@ -1,14 +1,14 @@
 """`rlstore plot RUN_DIR_OR_GLOB...`: learning curves, mean and std across seeds.
 
 Reads a scalar tag (charts/episodic_return by default) from the runs' TensorBoard event
-files and groups the runs that are seeds of one experiment: the same algorithm, env, run
-name and resolved config apart from the seed (runs of other budgets or settings are other
-groups, labelled by what differs). It smooths each run with a trailing moving average of
-`smooth` points, puts every run of a group on one grid of env steps (`points` steps,
-evenly spaced over the range all of the group's runs cover, by linear interpolation; a
-group whose runs end at different steps is cut where the shortest ends, and says so), and
-draws the mean with a band of +- one population std over seeds. Headless: matplotlib's
-Agg backend, no display needed.
+files (the training episodes' tags, where those are missing, from summary.json) and groups
+the runs that are seeds of one experiment: the same algorithm, env, run name and resolved
+config apart from the seed (runs of other budgets or settings are other groups, labelled by
+what differs). It smooths each run with a trailing moving average of `smooth` points, puts
+every run of a group on one grid of env steps (`points` steps, evenly spaced over the range
+all of the group's runs cover, by linear interpolation; a group whose runs end at different
+steps is cut where the shortest ends, and says so), and draws the mean with a band of +- one
+population std over seeds. Headless: matplotlib's Agg backend, no display needed.
 """
 
 from __future__ import annotations
@@ -88,16 +88,27 @@ def find_runs(patterns: list[str]) -> list[Path]:
     return sorted(runs)
 
 
+# tags whose points a finished run's summary.json also holds: its key under "episodes"
+SUMMARY_TAGS = {"charts/episodic_return": "returns", "charts/episodic_length": "lengths"}
+
+
 def read_scalars(run_dir: Path, tag: str) -> Curve | None:
-    """(steps, values) of `tag` in the run's event files, or None when it has none."""
+    """(steps, values) of `tag` in the run's event files, or None when it has none. The
+    training episodes' tags fall back on summary.json, which holds every episode at the step
+    it was logged at: a run kept without its event files (as docs/results/finished-runs
+    keeps them) or trained with --no-track-tensorboard still draws."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     accumulator.Reload()
-    if tag not in accumulator.Tags().get("scalars", []):
-        return None
-    events = accumulator.Scalars(tag)
-    return np.array([e.step for e in events], float), np.array([e.value for e in events], float)
+    if tag in accumulator.Tags().get("scalars", []):
+        events = accumulator.Scalars(tag)
+        return np.array([e.step for e in events], float), np.array([e.value for e in events], float)
+    summary = run_dir / "summary.json"
+    if tag in SUMMARY_TAGS and summary.is_file():
+        episodes = json.loads(summary.read_text())["episodes"]
+        return np.array(episodes["steps"], float), np.array(episodes[SUMMARY_TAGS[tag]], float)
+    return None
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

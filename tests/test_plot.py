@@ -234,3 +234,28 @@ def test_runs_made_before_a_config_field_existed_group_with_runs_at_its_default(
                 writer.add_scalar("charts/episodic_return", step, step)
     (group,) = group_runs(sorted(tmp_path.iterdir()), "charts/episodic_return", 1)
     assert group.seeds == [1, 2]
+
+
+def test_a_finished_run_without_event_files_draws_its_episodes_from_summary_json(tmp_path):
+    """A run kept as config.json and summary.json alone (docs/results/finished-runs) gives the
+    same training-episode curves as its event files did: the same steps, the values to
+    float32 (TensorBoard's precision). Other tags are then missing."""
+    from tiny_runs import SETUPS, replace
+
+    from rlstore.algos import ppo
+    from rlstore.plot import read_scalars
+
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path / "runs"), seed=1)).run_dir
+    tags = ["charts/episodic_return", "charts/episodic_length"]
+    logged = {tag: read_scalars(run_dir, tag) for tag in tags}
+    assert len(logged["charts/episodic_return"][0]) > 5
+    for event_file in run_dir.glob("events.out.tfevents.*"):
+        event_file.unlink()
+    for tag in tags:
+        steps, values = read_scalars(run_dir, tag)
+        np.testing.assert_array_equal(steps, logged[tag][0])
+        np.testing.assert_array_equal(values.astype(np.float32), logged[tag][1])
+    assert read_scalars(run_dir, "losses/value_loss") is None
+    (run_dir / "summary.json").unlink()  # (a run that never finished, without event files)
+    assert read_scalars(run_dir, "charts/episodic_return") is None
