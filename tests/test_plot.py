@@ -259,3 +259,12 @@ def test_a_finished_run_without_event_files_draws_its_episodes_from_summary_json
     assert read_scalars(run_dir, "losses/value_loss") is None
     (run_dir / "summary.json").unlink()  # (a run that never finished, without event files)
     assert read_scalars(run_dir, "charts/episodic_return") is None
+
+    # The same run trained with --no-track-tensorboard writes no event files and draws the same.
+    quiet = replace(cfg, logdir=str(tmp_path / "quiet"), seed=1, track_tensorboard=False)
+    quiet_dir = ppo.train(quiet).run_dir
+    assert not list(quiet_dir.glob("events.out.tfevents.*"))
+    for tag in tags:
+        steps, values = read_scalars(quiet_dir, tag)
+        np.testing.assert_array_equal(steps, logged[tag][0])
+        np.testing.assert_array_equal(values.astype(np.float32), logged[tag][1])
