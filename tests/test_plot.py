@@ -250,12 +250,16 @@ def test_a_finished_run_without_event_files_draws_its_episodes_from_summary_json
     tags = ["charts/episodic_return", "charts/episodic_length"]
     logged = {tag: read_scalars(run_dir, tag) for tag in tags}
     assert len(logged["charts/episodic_return"][0]) > 5
+
+    def assert_draws_as_logged(run_dir):
+        for tag in tags:
+            steps, values = read_scalars(run_dir, tag)
+            np.testing.assert_array_equal(steps, logged[tag][0])
+            np.testing.assert_array_equal(values.astype(np.float32), logged[tag][1])
+
     for event_file in run_dir.glob("events.out.tfevents.*"):
         event_file.unlink()
-    for tag in tags:
-        steps, values = read_scalars(run_dir, tag)
-        np.testing.assert_array_equal(steps, logged[tag][0])
-        np.testing.assert_array_equal(values.astype(np.float32), logged[tag][1])
+    assert_draws_as_logged(run_dir)
     assert read_scalars(run_dir, "losses/value_loss") is None
     (run_dir / "summary.json").unlink()  # (a run that never finished, without event files)
     assert read_scalars(run_dir, "charts/episodic_return") is None
@@ -264,7 +268,4 @@ def test_a_finished_run_without_event_files_draws_its_episodes_from_summary_json
     quiet = replace(cfg, logdir=str(tmp_path / "quiet"), seed=1, track_tensorboard=False)
     quiet_dir = ppo.train(quiet).run_dir
     assert not list(quiet_dir.glob("events.out.tfevents.*"))
-    for tag in tags:
-        steps, values = read_scalars(quiet_dir, tag)
-        np.testing.assert_array_equal(steps, logged[tag][0])
-        np.testing.assert_array_equal(values.astype(np.float32), logged[tag][1])
+    assert_draws_as_logged(quiet_dir)
