@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,24 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
         except (ImportError, gym.error.DependencyNotInstalled):
             raise UsageError(f"{env_id} {missing_extra(module)}") from None
     return spec
+
+
+def route_mujoco_warnings(spec: gym.envs.registration.EnvSpec) -> None:
+    """Send MuJoCo's warnings to Python's `warnings`, where the user has not set a handler of
+    their own. Left alone, MuJoCo prints each one and appends it to MUJOCO_LOG.TXT in the
+    working directory, for every env built: from MuJoCo 3.5 on, Gymnasium's
+    half_cheetah.xml draws a deprecation warning at each load. As a Python warning it is
+    shown once and no file is written."""
+    if not str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        return
+    import mujoco
+
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_warn_from_mujoco)
+
+
+def _warn_from_mujoco(message: str) -> None:
+    warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=2)
 
 
 def check_spaces(
@@ -156,6 +175,7 @@ def make_vec_env(
     Atari games get their standard preprocessing and `life_lost` (rlstore/atari.py).
     """
     spec = check_env_id(env_id)
+    route_mujoco_warnings(spec)
     if is_atari(spec):
         envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
                                fire_on_life_loss)  # fmt: skip

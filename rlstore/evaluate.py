@@ -16,7 +16,7 @@ from rlstore import algos
 from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.config import not_a_run_dir
-from rlstore.envs import check_env_id, make_vec_env
+from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings
 from rlstore.errors import UsageError
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural
@@ -200,7 +200,9 @@ def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.ve
     vector env), so an episode is the same one as played alone."""
     count = min(episodes, EVAL_ENVS)
     max_steps = config.get("max_episode_steps")
-    if is_atari(check_env_id(env_id)):
+    spec = check_env_id(env_id)
+    route_mujoco_warnings(spec)
+    if is_atari(spec):
         return make_vec_env(env_id, count, 0, max_episode_steps=max_steps,
             sticky_actions=config.get("sticky_actions", False),
             fire_on_life_loss=config.get("fire_on_life_loss", False))  # fmt: skip
@@ -210,7 +212,9 @@ def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.ve
 
 def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:
     """One env as make_eval_envs makes them, rendering RGB frames, headless (not Atari)."""
-    if is_atari(check_env_id(env_id)):
+    spec = check_env_id(env_id)
+    route_mujoco_warnings(spec)
+    if is_atari(spec):
         raise UsageError("video does not support Atari envs yet; run without it")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display

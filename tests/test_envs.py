@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from extras import needs
 from gymnasium.vector import AutoresetMode
 
 from rlstore.envs import EpisodeStats, make_vec_env
@@ -216,3 +217,31 @@ def test_an_env_that_fails_to_make_leaves_no_second_error(monkeypatch):
         raise AssertionError("LeanSyncVectorEnv made a broken env")
     gc.collect()
     assert unraisable == []
+
+
+@needs("mujoco", "mujoco")
+def test_mujoco_warnings_become_python_warnings_and_no_log_file(tmp_path, monkeypatch):
+    """Left alone, MuJoCo appends each warning to MUJOCO_LOG.TXT in the working directory;
+    a MuJoCo env built by rlstore routes them to Python's warnings instead, and keeps a
+    handler the user set."""
+    import mujoco
+
+    monkeypatch.chdir(tmp_path)
+    users_handler = mujoco.get_mju_user_warning()
+    try:
+        mujoco.set_mju_user_warning(None)
+        envs = make_vec_env("Hopper-v4", 1, 0)
+        envs.reset(seed=0)
+        env = envs.envs[0].unwrapped
+        env.data.qvel[:] = 1e12  # MuJoCo warns: the simulation is unstable
+        with pytest.warns(RuntimeWarning, match="MuJoCo: Nan, Inf or huge value in QVEL"):
+            mujoco.mj_step(env.model, env.data)
+        envs.close()
+        assert list(tmp_path.iterdir()) == []
+
+        caught = []
+        mujoco.set_mju_user_warning(caught.append)
+        make_vec_env("Hopper-v4", 1, 0).close()
+        assert mujoco.get_mju_user_warning() == caught.append
+    finally:
+        mujoco.set_mju_user_warning(users_handler)
