@@ -345,6 +345,20 @@ def test_the_archived_mujoco_3_4_side_runs_are_the_results_pages_figures():
         assert f"{np.mean(summary['episodes']['returns'][-100:]):,.1f}" in page_text
 
 
+def test_the_archived_td3_extra_seeds_ran_the_suites_settings():
+    """TD3's Walker2d and Hopper runs of seeds beyond the suite's three, which the results
+    page sets beside those rows, ran the suite's settings (their configs equal its runs' but
+    for the seed and the output folder) to 1M steps and scored what the page says."""
+    page_text = OFFPOLICY_PAGE.read_text()
+    suite_configs = {(c["algo"], c["env_id"]): c for c, _ in archived_runs("mujoco-offpolicy")}
+    for config, summary in archived_runs("td3-more-seeds"):
+        suites = suite_configs[config["algo"], config["env_id"]]
+        differ = {key for key in config if key != "resolved" and config[key] != suites[key]}
+        assert differ == {"seed", "logdir"} and config["seed"] > 3
+        assert summary["global_step"] == config["total_timesteps"] == 1_000_000
+        assert f"{np.mean(summary['episodes']['returns'][-100:]):,.1f}" in page_text
+
+
 @pytest.mark.slow
 def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     """SIGINT mid-run: the run checkpoints, the suite exits 130; started again, it resumes
