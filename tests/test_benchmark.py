@@ -298,6 +298,11 @@ def archived_runs(folder: str) -> list[tuple[dict, dict]]:
     ]
 
 
+def last_100_score(summary: dict) -> float:
+    """A run's score as the suites give it: the mean of its last 100 training returns."""
+    return float(np.mean(summary["episodes"]["returns"][-100:]))
+
+
 def first_step_at_or_above(returns: list[float], steps: list[int], threshold: float) -> int:
     """The step at which the mean of 20 consecutive returns first met `threshold`, by a
     plain loop (the suite's own first_reach uses a cumulative sum)."""
@@ -323,7 +328,7 @@ def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(suite, tmp_
     assert f"{len(archived)} finished, 0 begun" in out
     for config, summary in archived:
         returns, steps = summary["episodes"]["returns"], summary["episodes"]["steps"]
-        score = np.mean(returns[-100:])
+        score = last_100_score(summary)
         row = (
             f"| {config['exp_name']} | {config['env_id']} | {config['seed']} | finished | "
             f"{summary['global_step']:,} of {summary['global_step']:,} | {score:,.1f} |"
@@ -342,7 +347,7 @@ def test_the_archived_mujoco_3_4_side_runs_are_the_results_pages_figures():
     for config, summary in archived_runs("td3-hopper-mujoco-3.4.0"):
         assert config["resolved"]["versions"]["mujoco"] == "3.4.0"
         assert summary["global_step"] == config["total_timesteps"] == 1_000_000
-        assert f"{np.mean(summary['episodes']['returns'][-100:]):,.1f}" in page_text
+        assert f"{last_100_score(summary):,.1f}" in page_text
 
 
 def test_the_archived_td3_extra_seeds_ran_the_suites_settings():
@@ -352,11 +357,11 @@ def test_the_archived_td3_extra_seeds_ran_the_suites_settings():
     page_text = OFFPOLICY_PAGE.read_text()
     suite_configs = {(c["algo"], c["env_id"]): c for c, _ in archived_runs("mujoco-offpolicy")}
     for config, summary in archived_runs("td3-more-seeds"):
-        suites = suite_configs[config["algo"], config["env_id"]]
-        differ = {key for key in config if key != "resolved" and config[key] != suites[key]}
+        suite_config = suite_configs[config["algo"], config["env_id"]]
+        differ = {k for k in config if k != "resolved" and config[k] != suite_config[k]}
         assert differ == {"seed", "logdir"} and config["seed"] > 3
         assert summary["global_step"] == config["total_timesteps"] == 1_000_000
-        assert f"{np.mean(summary['episodes']['returns'][-100:]):,.1f}" in page_text
+        assert f"{last_100_score(summary):,.1f}" in page_text
 
 
 @pytest.mark.slow
