@@ -8,18 +8,31 @@ rlstore[bench]; MuJoCo envs need rlstore[mujoco]).
 Writes one JSON line per finished episode (env step, return, length). SB3's TD3 step equals
 rlstore's from the same weights, batches and draws (tests/test_sac_td3.py), so what such a
 curve can tell apart is the rest: collection, the replay buffer, seeds.
+
+With --checkpoint-every N the model, its optimizers and the replay buffer are saved every N
+steps in OUT.checkpoints/, and the same command continues from the newest one: a 1M-step
+run takes hours. A continued run starts a fresh episode (SB3 saves no env state) and
+reseeds, so it is not the run an uninterrupted one makes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 
 
-def train(env_id: str, seed: int, steps: int, out: Path) -> None:
+def train(
+    env_id: str,
+    seed: int,
+    steps: int,
+    out: Path,
+    checkpoint_every: int = 0,
+    learning_starts: int = 25_000,
+) -> None:
     import gymnasium as gym
     import torch
     from stable_baselines3 import TD3
@@ -43,18 +56,59 @@ def train(env_id: str, seed: int, steps: int, out: Path) -> None:
                     self.file.flush()
             return True
 
+        def _on_rollout_start(self) -> None:
+            # here the last step is stored and trained on (train_freq 1): a clean cut
+            step = self.num_timesteps
+            if checkpoint_every and step % checkpoint_every == 0 and step > resumed_at:
+                save_checkpoint(self.model, folder, step)
+
     env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
-    actions = env.action_space.shape[0]
-    model = TD3(
-        "MlpPolicy", env, learning_rate=3e-4, buffer_size=1_000_000, learning_starts=25_000,
-        batch_size=256, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
-        action_noise=NormalActionNoise(np.zeros(actions), 0.1 * np.ones(actions)),
-        policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
-        policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu",
-    )  # fmt: skip
+    folder = out.parent / (out.name + ".checkpoints")
+    newest = newest_checkpoint(folder)
+    if newest is None:
+        actions = env.action_space.shape[0]
+        model = TD3(
+            "MlpPolicy", env, learning_rate=3e-4, buffer_size=1_000_000,
+            learning_starts=learning_starts, batch_size=256, tau=0.005, gamma=0.99,
+            train_freq=1, gradient_steps=1,
+            action_noise=NormalActionNoise(np.zeros(actions), 0.1 * np.ones(actions)),
+            policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
+            policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu",
+        )  # fmt: skip
+        out.write_text("")
+    else:
+        model = TD3.load(newest / "model.zip", env=env, device="cpu")
+        model.load_replay_buffer(newest / "replay.pkl")
+        model._last_obs = None  # the env is a fresh one: learn() resets it
+        model.set_random_seed(seed + model.num_timesteps)
+        kept = [line for line in out.read_text().splitlines()
+                if json.loads(line)["step"] <= model.num_timesteps]  # fmt: skip
+        out.write_text("".join(line + "\n" for line in kept))
+    resumed_at = model.num_timesteps
     model.set_logger(Logger(None, []))  # SB3's default makes an empty /tmp/SB3-<date> per run
-    with out.open("w") as file:
-        model.learn(steps, callback=Episodes(file))
+    with out.open("a") as file:
+        model.learn(steps - resumed_at, callback=Episodes(file), reset_num_timesteps=False)
+    if checkpoint_every and model.num_timesteps > resumed_at:  # the end, to go on from
+        save_checkpoint(model, folder, model.num_timesteps)
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint (one being written is named step_N.tmp)."""
+    done = sorted(folder.glob("step_" + "[0-9]" * 9))
+    return done[-1] if done else None
+
+
+def save_checkpoint(model, folder: Path, step: int) -> None:
+    """Model and replay buffer into step_N.tmp, renamed when whole; older ones removed."""
+    partial = folder / f"step_{step:09d}.tmp"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    model.save(partial / "model.zip")
+    model.save_replay_buffer(partial / "replay.pkl")
+    partial.rename(folder / f"step_{step:09d}")
+    for older in folder.glob("step_" + "[0-9]" * 9):
+        if older.name < f"step_{step:09d}":
+            shutil.rmtree(older)
 
 
 def summary(path: Path, window: int = 25_000) -> str:
@@ -78,12 +132,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300_000)
     parser.add_argument("--out", type=Path, default=Path("sb3_td3.jsonl"))
+    keep = "save every N steps in OUT.checkpoints/ and continue from the newest there"
+    parser.add_argument("--checkpoint-every", type=int, default=0, help=keep)
     parser.add_argument("--summary", type=Path, help="print a curve written before, and stop")
     args = parser.parse_args()
     if args.summary:
         print(summary(args.summary))
         return
-    train(args.env, args.seed, args.steps, args.out)
+    train(args.env, args.seed, args.steps, args.out, args.checkpoint_every)
     print(summary(args.out))
 
 

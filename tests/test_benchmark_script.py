@@ -86,6 +86,31 @@ def test_the_sb3_td3_curve_writes_each_episode_and_sums_them_by_window(tmp_path)
     )
 
 
+@needs("bench", "stable_baselines3")
+def test_the_sb3_td3_curve_continues_from_its_newest_checkpoint(tmp_path):
+    """A run stopped at 400 steps and started again with the same command goes on from its
+    400-step checkpoint to 600: episodes after the checkpoint are dropped, not repeated; the
+    replay buffer comes back with the model (600 transitions, not 200); older checkpoints go."""
+    import pickle
+
+    curve = _load_script("sb3_td3_curve")
+    out = tmp_path / "curve.jsonl"
+    curve.train("Pendulum-v1", seed=1, steps=400, out=out, checkpoint_every=200,
+                learning_starts=100)  # fmt: skip
+    with out.open("a") as file:  # an episode the stopped run logged after its checkpoint
+        file.write(json.dumps({"step": 450, "return": 0.0, "length": 50}) + "\n")
+    folder = tmp_path / "curve.jsonl.checkpoints"
+    assert [p.name for p in folder.iterdir()] == ["step_000000400"]
+    curve.train("Pendulum-v1", seed=1, steps=600, out=out, checkpoint_every=200,
+                learning_starts=100)  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [200, 400, 600]
+    assert [p.name for p in folder.iterdir()] == ["step_000000600"]
+    with (folder / "step_000000600" / "replay.pkl").open("rb") as file:
+        assert pickle.load(file).size() == 600
+    assert curve.newest_checkpoint(tmp_path / "none") is None
+
+
 def _load_script(name: str):
     import importlib.util
 
