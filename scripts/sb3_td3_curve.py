@@ -132,8 +132,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300_000)
     parser.add_argument("--out", type=Path, default=Path("sb3_td3.jsonl"))
-    keep = "save every N steps in OUT.checkpoints/ and continue from the newest there"
-    parser.add_argument("--checkpoint-every", type=int, default=0, help=keep)
+    every = "save every N steps in OUT.checkpoints/ and continue from the newest there"
+    parser.add_argument("--checkpoint-every", type=int, default=0, help=every)
     parser.add_argument("--summary", type=Path, help="print a curve written before, and stop")
     args = parser.parse_args()
     if args.summary:
