@@ -92,22 +92,26 @@ def train(
         save_checkpoint(model, folder, model.num_timesteps)
 
 
+CHECKPOINTS = "step_" + "[0-9]" * 9  # complete ones; one being written is step_N.tmp
+
+
 def newest_checkpoint(folder: Path) -> Path | None:
-    """The newest complete checkpoint (one being written is named step_N.tmp)."""
-    done = sorted(folder.glob("step_" + "[0-9]" * 9))
+    """The newest complete checkpoint in `folder`, or None."""
+    done = sorted(folder.glob(CHECKPOINTS))
     return done[-1] if done else None
 
 
 def save_checkpoint(model, folder: Path, step: int) -> None:
     """Model and replay buffer into step_N.tmp, renamed when whole; older ones removed."""
-    partial = folder / f"step_{step:09d}.tmp"
+    done = folder / f"step_{step:09d}"
+    partial = done.with_suffix(".tmp")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     model.save(partial / "model.zip")
     model.save_replay_buffer(partial / "replay.pkl")
-    partial.rename(folder / f"step_{step:09d}")
-    for older in folder.glob("step_" + "[0-9]" * 9):
-        if older.name < f"step_{step:09d}":
+    partial.rename(done)
+    for older in folder.glob(CHECKPOINTS):
+        if older.name < done.name:
             shutil.rmtree(older)
 
 
