@@ -350,6 +350,28 @@ def test_the_archived_mujoco_3_4_side_runs_are_the_results_pages_figures():
         assert f"{last_100_score(summary):,.1f}" in page_text
 
 
+def test_the_archived_sb3_td3_hopper_runs_are_the_results_pages_figures():
+    """stable-baselines3's TD3 Hopper runs under MuJoCo 3.4.0 (scripts/sb3_td3_curve.py, one
+    JSON line per episode), which the results page sets beside ours: each ran to 1M steps
+    (its last episode ends within 1,000 steps, Hopper's time limit, of it), its episodes are
+    whole and in order, and its score (the mean of its last 100 returns) is on the page, as
+    is the row of seeds 1-3 (mean +- population std)."""
+    page_text = OFFPOLICY_PAGE.read_text()
+    runs = sorted((ARCHIVE / "sb3-td3-hopper-mujoco-3.4.0").glob("seed*.jsonl"))
+    assert [r.name for r in runs[:3]] == ["seed1.jsonl", "seed2.jsonl", "seed3.jsonl"]
+    scores = []
+    for run in runs:
+        episodes = [json.loads(line) for line in run.read_text().splitlines()]
+        steps = np.array([e["step"] for e in episodes])
+        lengths = np.array([e["length"] for e in episodes])
+        # a continued run drops the episode it was in, so a gap may exceed the length
+        assert (np.diff(steps) >= lengths[1:]).all() and steps[0] == lengths[0]
+        assert 1_000_000 - 1_000 < steps[-1] <= 1_000_000 and (lengths <= 1_000).all()
+        scores.append(np.mean([e["return"] for e in episodes][-100:]))
+        assert f"{scores[-1]:,.1f}" in page_text
+    assert f"{np.mean(scores[:3]):,.1f} +- {np.std(scores[:3]):,.1f}" in page_text
+
+
 def test_the_archived_td3_extra_seeds_ran_the_suites_settings():
     """TD3's Walker2d and Hopper runs of seeds beyond the suite's three, which the results
     page sets beside those rows, ran the suite's settings (their configs equal its runs' but
