@@ -282,6 +282,10 @@ SAVEABLE_ENVS = (
     "PendulumEnv",
     "CartPoleNoVelEnv",
     "PendulumNoVelEnv",
+    "FrozenLakeEnv",
+    "TaxiEnv",
+    "CliffWalkingEnv",
+    "BlackjackEnv",
 )
 _SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens", "env_fns"}
 # The base layer's MjData, whole: after a step its derived quantities (body positions,
@@ -478,7 +482,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return _array_to_tensor(value) if value.dtype != object else _UNSAVED
+        # numbers and flags; the rest (objects, FrozenLake's map of byte strings) is built
+        # by the env's constructor
+        return _array_to_tensor(value) if value.dtype.kind in "biufc" else _UNSAVED
     if isinstance(value, np.random.Generator):
         return {"__generator__": value.bit_generator.state}
     if isinstance(value, gym.Space):  # (np_random makes the generator of an unseeded space)

@@ -200,6 +200,9 @@ class OnPolicyConfig(CommonConfig):
     """Clip normalized observations to this magnitude."""
     clip_reward: Positive = 10.0
     """Clip scaled rewards to this magnitude."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Widths of the hidden Tanh layers of the actor and of the critic (ppo_lstm: of the
+    MLP heads after its LSTMs)."""
 
     @property
     def rollout_size(self) -> int:
@@ -221,12 +224,19 @@ class OnPolicyConfig(CommonConfig):
 
     def check(self) -> None:
         super().check()
+        check_widths("--hidden", self.hidden)
         if self.total_timesteps < self.rollout_size:
             raise UsageError(
                 f"--total-timesteps {self.total_timesteps} is smaller than one rollout "
                 f"(num_envs x num_steps = {self.rollout_size}); raise --total-timesteps or "
                 "lower --num-steps"
             )
+
+
+def check_widths(flag: str, widths: tuple[int, ...]) -> None:
+    """A network's hidden layer widths: one or more, each at least 1."""
+    if not widths or min(widths) < 1:
+        raise UsageError(f"{flag} needs one or more layer widths >= 1 (got {widths})")
 
 
 PRESET_DIR = Path(__file__).resolve().parent / "configs"  # installed: rlstore/configs

@@ -29,6 +29,7 @@ from rlstore import algos
 from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
+from rlstore.encoders import UnsupportedSpace, describe_space, is_image
 from rlstore.errors import UsageError
 from rlstore.lean import LeanSyncVectorEnv
 from rlstore.partially_observable import register as register_partially_observable
@@ -106,15 +107,23 @@ def _warn_from_mujoco(message: str) -> None:
 def check_spaces(
     env_id: str, algorithm: Algorithm | None, obs_space: gym.Space, action_space: gym.Space
 ) -> None:
-    """What rlstore can train on: Box observations (vectors, or frame stacks for the CNNs),
-    and the action spaces `algorithm` takes (None: any algorithm's, Discrete or a 1-d Box)."""
-    if not isinstance(obs_space, spaces.Box):
-        raise UsageError(f"{env_id} has observation space {obs_space}; rlstore needs a Box")
-    if len(obs_space.shape) >= 2 and obs_space.dtype == np.uint8 and not is_frame_stack(obs_space):
+    """What rlstore can train on: observations with an encoder (rlstore/encoders.py: Box
+    vectors of any shape, images, Discrete, MultiDiscrete, MultiBinary), and the action
+    spaces `algorithm` takes (None: any algorithm's, Discrete or a 1-d Box)."""
+    try:
+        describe_space(obs_space)
+    except UnsupportedSpace:
         raise UsageError(
-            f"{env_id} has image observations {obs_space.shape} {obs_space.dtype}; rlstore's "
-            "CNN takes channel-first uint8 stacks of at least 36x36 frames, such as Atari's "
-            "(4, 84, 84): preprocess the env to that shape"
+            f"{env_id} has observation space {obs_space}, which rlstore cannot encode (it "
+            "takes Box, Discrete, MultiDiscrete and MultiBinary observations); turn it into "
+            "one with a wrapper, --wrapper module:Callable (Dict and Tuple of those: "
+            "--wrapper gymnasium.wrappers:FlattenObservation)"
+        ) from None
+    if algorithm is not None and is_image(obs_space) and not algorithm.image_observations:
+        others = [a.name for a in algos.all_algorithms() if a.image_observations]
+        raise UsageError(
+            f"{algorithm.name.upper()} takes vector observations, not images such as "
+            f"{env_id}'s {obs_space.shape}; images train with {', '.join(others)}"
         )
     if algorithm is not None and not algorithm.takes(action_space):
         kinds = " or ".join(kind.__name__ for kind in algorithm.action_spaces)

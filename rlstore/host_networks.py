@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,6 +109,14 @@ def numpy_mlp(x: np.ndarray, views: list[tuple[np.ndarray, np.ndarray]], tanh: b
     return x @ weight + bias
 
 
+def host_features(obs: np.ndarray, encoder: Any = None) -> np.ndarray:
+    """The float32 rows an MLP takes: `encoder.host(obs)` (a parameter-free encoder's numpy
+    twin, rlstore/encoders.py), or without one the observations flattened."""
+    if encoder is not None:
+        return encoder.host(obs)
+    return np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+
+
 class GreedyActor:
     """argmax_a of a Q-network's advantage head for a batch of host observations, as an
     int64 numpy array (with a dueling head V(s) and the mean advantage are the same for
@@ -118,18 +127,20 @@ class GreedyActor:
     device, or with `use_numpy=False`, it runs in torch.
     """
 
-    def __init__(self, path: SequentialRunner, use_numpy: bool = True) -> None:
+    def __init__(self, path: SequentialRunner, use_numpy: bool = True,
+                 encoder: Any = None) -> None:  # fmt: skip
         self.path, self.views = path, HostViews(path, use_numpy)
+        # the Q-network's parameter-free encoder (rlstore/encoders.py); None: flattened floats
+        self.encoder = encoder
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         views = self.views()
         if not views:
             with torch.inference_mode():
                 x = torch.as_tensor(obs, device=self.views.weight.device)
-                x = self.path(x.reshape(x.shape[0], -1).float())
-                return x.argmax(-1).cpu().numpy()
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        return numpy_mlp(x, views, tanh=False).argmax(-1)
+                x = x.reshape(x.shape[0], -1).float() if self.encoder is None else self.encoder(x)
+                return self.path(x).argmax(-1).cpu().numpy()
+        return numpy_mlp(host_features(obs, self.encoder), views, tanh=False).argmax(-1)
 
 
 class HostActorCritic:
@@ -142,19 +153,23 @@ class HostActorCritic:
     """
 
     def __init__(
-        self, actor: SequentialRunner, critic: SequentialRunner, log_std: torch.Tensor | None
+        self,
+        actor: SequentialRunner,
+        critic: SequentialRunner,
+        log_std: torch.Tensor | None,
+        encoder: Any = None,
     ) -> None:
         if any(act is not torch.tanh for act in actor.activations + critic.activations):
             raise ValueError("HostActorCritic runs Tanh MLPs (ActorCritic's)")
         self.actor, self.critic, self.log_std = HostViews(actor), HostViews(critic), log_std
+        self.encoder = encoder  # parameter-free (rlstore/encoders.py); None: flattened floats
 
     def value(self, obs: np.ndarray) -> np.ndarray | None:
         """V(obs) in numpy (None when the parameters are not in host memory)."""
         critic = self.critic()
         if not critic:
             return None
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        return numpy_mlp(x, critic, tanh=True)[:, 0]
+        return numpy_mlp(host_features(obs, self.encoder), critic, tanh=True)[:, 0]
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         actor, critic = self.actor(), self.critic()
@@ -177,7 +192,7 @@ class HostActorCritic:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(action, log-prob, value) for `obs` with the views `actor` and `critic` (from
         self.actor() and self.critic()) and one step of `noise`."""
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        x = host_features(obs, self.encoder)
         out = numpy_mlp(x, actor, tanh=True)
         value = numpy_mlp(x, critic, tanh=True)[:, 0]
         if self.log_std is None:  # inverse CDF of the softmax, as sample_categorical

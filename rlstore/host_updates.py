@@ -18,7 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlstore.host_networks import LOG_SQRT_2PI, HostViews, SequentialRunner, _rows
+from rlstore.host_networks import (
+    LOG_SQRT_2PI,
+    HostViews,
+    SequentialRunner,
+    _rows,
+    host_features,
+)
 
 
 class _ActorCriticPass:
@@ -73,9 +79,10 @@ class _ActorCriticPass:
         return grads
 
 
-def _minibatch(batch: Any, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(observations as float32 rows, actions, advantages normalized as configured)."""
-    obs = batch.obs.numpy().reshape(len(batch.obs), -1).astype(np.float32, copy=False)
+def _minibatch(batch: Any, cfg: Any, encoder: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(observations as the encoder's float32 rows, actions, advantages normalized as
+    configured)."""
+    obs = host_features(batch.obs.numpy(), encoder)
     advantages = batch.advantages.numpy()
     if cfg.norm_adv and len(obs) > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
@@ -112,7 +119,7 @@ class HostPPOStep(_ActorCriticStep):
         return getattr(agent, "act_on_host", None) is not None and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
-        obs, actions, advantages = _minibatch(batch, cfg)
+        obs, actions, advantages = _minibatch(batch, cfg, self.agent.encoder)
         outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
         B, clip = len(obs), cfg.clip_coef
         old_value, returns = batch.values.numpy(), batch.returns.numpy()
@@ -169,7 +176,7 @@ class HostA2CStep(_ActorCriticStep):
         )
 
     def __call__(self, batch: Any, cfg: Any) -> dict[str, torch.Tensor]:
-        obs, actions, advantages = _minibatch(batch, cfg)
+        obs, actions, advantages = _minibatch(batch, cfg, self.agent.encoder)
         outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
         B, returns = len(obs), batch.returns.numpy()
         policy_loss = -(advantages * outputs.log_prob).mean()
@@ -353,19 +360,22 @@ class HostDQNStep:
     as td_loss does."""
 
     def __init__(self, q_network: nn.Module, target_network: nn.Module, optimizer) -> None:
-        self.q_path = q_network.advantage_path
+        self.q_path, self.encoder = q_network.advantage_path, q_network.encoder
         self.online, self.target = HostViews(self.q_path), HostViews(target_network.advantage_path)
         self.adam = HostAdam.of(optimizer)
 
     @staticmethod
     def supports(q_network: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         mlp_without_dueling = hasattr(q_network, "advantage_path") and not q_network.dueling
-        return mlp_without_dueling and adam_in_host_memory(optimizer)
+        numpy_encoder = hasattr(getattr(q_network, "encoder", None), "host")
+        return mlp_without_dueling and numpy_encoder and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         online, target = self.online(), self.target()
-        obs = batch.obs.reshape(len(batch.obs), -1).astype(np.float32, copy=False)
-        next_obs = batch.next_obs.reshape(len(obs), -1).astype(np.float32, copy=False)
+        obs, next_obs = (
+            host_features(batch.obs, self.encoder),
+            host_features(batch.next_obs, self.encoder),
+        )
         B, actions = len(obs), batch.actions
         next_q = _forward(next_obs, target, tanh=False)[1]
         if cfg.double_dqn:

@@ -18,6 +18,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
+    FlatEncoder,
+    describe_space,
+    description_of_spec,
+    encoder_for,
+    encoder_from_description,
+    layer_init,
+    nature_cnn,
+)
 from rlstore.host_networks import LOG_SQRT_2PI, HostActorCritic, SequentialRunner
 
 
@@ -52,13 +61,6 @@ def log_prob_and_entropy(
     log_probs = out.log_softmax(-1)
     log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
     return log_prob, -(log_probs.exp() * log_probs).sum(-1)
-
-
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    """Orthogonal weights with gain `std` and a constant bias (the PPO implementation detail)."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
-    return layer
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
@@ -104,32 +106,39 @@ class ActorCritic(nn.Module):
         continuous: bool = False,
         hidden: tuple[int, ...] = (64, 64),
         fast: bool = True,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.action_dim, self.continuous = action_dim, continuous
-        self.critic = mlp(obs_dim, hidden, 1, out_std=1.0)
-        self.actor = mlp(obs_dim, hidden, action_dim, out_std=0.01)
+        self.action_dim, self.continuous, self.hidden = action_dim, continuous, tuple(hidden)
+        # the observation's encoder (rlstore/encoders.py), shared by actor and critic
+        self.encoder = FlatEncoder((obs_dim,)) if encoder is None else encoder
+        self.critic = mlp(self.encoder.out_dim, hidden, 1, out_std=1.0)
+        self.actor = mlp(self.encoder.out_dim, hidden, action_dim, out_std=0.01)
         if continuous:
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
         path = SequentialRunner if fast else ModuleCalls
         self.actor_path, self.critic_path = path(self.actor), path(self.critic)
         self.act_on_host: HostActorCritic | None = None
-        if fast:  # act() in numpy for host observations
+        if fast and hasattr(self.encoder, "host"):  # act() in numpy for host observations
             self.act_on_host = HostActorCritic(
-                self.actor_path, self.critic_path, self.actor_logstd if continuous else None
+                self.actor_path,
+                self.critic_path,
+                self.actor_logstd if continuous else None,
+                self.encoder,
             )
 
     def spec_args(self) -> dict:
-        return {"action_dim": self.action_dim, "continuous": self.continuous}
+        return {"action_dim": self.action_dim, "continuous": self.continuous,
+                "hidden": list(self.hidden)}  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict) -> ActorCritic:
-        obs_dim = int(np.prod(spec["obs_shape"]))
-        return cls(obs_dim, spec["action_dim"], continuous=spec["continuous"])
+        encoder = encoder_from_description(description_of_spec(spec))
+        hidden = tuple(spec.get("hidden", (64, 64)))  # (older model files: the default)
+        return cls(0, spec["action_dim"], spec["continuous"], hidden, encoder=encoder)
 
-    @staticmethod
-    def _features(obs: torch.Tensor) -> torch.Tensor:
-        return obs.reshape(obs.shape[0], -1).float()
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.encoder(obs)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """V(obs), shape (batch,)."""
@@ -254,12 +263,15 @@ class RecurrentActorCritic(RecurrentActorCriticBase):
         continuous: bool = False,
         lstm_hidden: int = 256,
         hidden: tuple[int, ...] = (64, 64),
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.action_dim, self.continuous, self.lstm_hidden = action_dim, continuous, lstm_hidden
+        self.hidden = tuple(hidden)
         self.state_shape = (4, lstm_hidden)
-        self.actor_lstm = nn.LSTM(obs_dim, lstm_hidden)
-        self.critic_lstm = nn.LSTM(obs_dim, lstm_hidden)
+        self.encoder = FlatEncoder((obs_dim,)) if encoder is None else encoder
+        self.actor_lstm = nn.LSTM(self.encoder.out_dim, lstm_hidden)
+        self.critic_lstm = nn.LSTM(self.encoder.out_dim, lstm_hidden)
         self.actor = mlp(lstm_hidden, hidden, action_dim, out_std=0.01)
         self.critic = mlp(lstm_hidden, hidden, 1, out_std=1.0)
         if continuous:
@@ -267,15 +279,19 @@ class RecurrentActorCritic(RecurrentActorCriticBase):
 
     def spec_args(self) -> dict:
         return {"action_dim": self.action_dim, "continuous": self.continuous,
-                "lstm_hidden": self.lstm_hidden}  # fmt: skip
+                "lstm_hidden": self.lstm_hidden, "hidden": list(self.hidden)}  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict) -> RecurrentActorCritic:
-        obs_dim = int(np.prod(spec["obs_shape"]))
-        return cls(obs_dim, spec["action_dim"], spec["continuous"], spec["lstm_hidden"])
+        encoder = encoder_from_description(description_of_spec(spec))
+        hidden = tuple(spec.get("hidden", (64, 64)))  # (older model files: the default)
+        return cls(0, spec["action_dim"], spec["continuous"], spec["lstm_hidden"], hidden,
+                   encoder)  # fmt: skip
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.reshape(*obs.shape[:2], -1).float()
+        """The encoder's features of observations (L, B, ...): (L, B, features)."""
+        L, B = obs.shape[:2]
+        return self.encoder(obs.reshape(L * B, *obs.shape[2:])).view(L, B, -1)
 
     def _cores(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Both LSTMs over x (L, B, obs_dim) from `state`: (actor features (L, B, H),
@@ -328,9 +344,11 @@ class CnnRecurrentActorCritic(RecurrentActorCriticBase):
         return out, out, torch.stack((h[0], c[0]), dim=1)
 
 
-def recurrent_actor_critic_for(obs_space, action_space, lstm_hidden: int) -> nn.Module:
+def recurrent_actor_critic_for(obs_space, action_space, lstm_hidden: int,
+                               hidden: tuple[int, ...] = (64, 64)) -> nn.Module:  # fmt: skip
     """A recurrent actor-critic shaped for a single env's spaces (gymnasium spaces):
-    CnnRecurrentActorCritic for frame stacks, else RecurrentActorCritic."""
+    CnnRecurrentActorCritic for frame stacks, else RecurrentActorCritic on the observation
+    space's encoder."""
     from gymnasium import spaces
 
     from rlstore.envs import is_frame_stack
@@ -339,50 +357,27 @@ def recurrent_actor_critic_for(obs_space, action_space, lstm_hidden: int) -> nn.
         return CnnRecurrentActorCritic(obs_space.shape, int(action_space.n), lstm_hidden)
     continuous = isinstance(action_space, spaces.Box)
     action_dim = action_space.shape[0] if continuous else int(action_space.n)
-    return RecurrentActorCritic(int(np.prod(obs_space.shape)), action_dim, continuous, lstm_hidden)
+    return RecurrentActorCritic(0, action_dim, continuous, lstm_hidden, hidden,
+                                encoder_for(obs_space))  # fmt: skip
 
 
-def actor_critic_for(obs_space, action_space, fast: bool = True) -> nn.Module:  # gym spaces
+def actor_critic_for(obs_space, action_space, fast: bool = True,
+                     hidden: tuple[int, ...] = (64, 64)) -> nn.Module:  # fmt: skip
     """An ActorCritic (CnnActorCritic for frame stacks) shaped for a single env's
-    observation and action spaces."""
+    observation and action spaces: the observation space's encoder, then the MLPs."""
     from gymnasium import spaces
 
     from rlstore.envs import is_frame_stack
 
-    obs_dim = int(np.prod(obs_space.shape))
     if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
         return CnnActorCritic(obs_space.shape, int(action_space.n))
+    encoder = encoder_for(obs_space)
     if isinstance(action_space, spaces.Discrete):
-        return ActorCritic(obs_dim, int(action_space.n), fast=fast)
+        return ActorCritic(0, int(action_space.n), hidden=hidden, fast=fast, encoder=encoder)
     if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-        return ActorCritic(obs_dim, action_space.shape[0], continuous=True, fast=fast)
+        return ActorCritic(0, action_space.shape[0], continuous=True, hidden=hidden, fast=fast,
+                           encoder=encoder)  # fmt: skip
     raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")
-
-
-def nature_cnn(in_channels: int, frame_shape: tuple[int, int]) -> nn.Sequential:
-    """The Nature DQN trunk (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, 512 linear,
-    ReLU, orthogonal init with gain sqrt(2) as in the PPO reference. Takes uint8 frame stacks
-    and scales them to [0, 1] itself, so they stay uint8 in storage and on the way here."""
-    convs = nn.Sequential(
-        layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
-        layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-        layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-        nn.Flatten(),
-    )  # fmt: skip
-    with torch.no_grad():
-        flat = convs(torch.zeros(1, in_channels, *frame_shape)).shape[1]
-    # Channels-last convolutions: forward and backward of a 256-frame-stack minibatch take
-    # about 1.5x less time on a CPU (oneDNN), and cuDNN prefers the layout too.
-    convs = convs.to(memory_format=torch.channels_last)
-    return nn.Sequential(ScaleFrames(), *convs, layer_init(nn.Linear(flat, 512)), nn.ReLU())
-
-
-class ScaleFrames(nn.Module):
-    """uint8 pixels -> float in [0, 1] (channels-last, as the convolutions), inside the
-    network."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
 
 
 class CnnActorCritic(nn.Module):
@@ -489,10 +484,12 @@ class QNetwork(nn.Module):
         hidden: tuple[int, ...] = (120, 84),
         dueling: bool = False,
         fast: bool = True,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        self.encoder = FlatEncoder((obs_dim,)) if encoder is None else encoder
         layers: list[nn.Module] = []
-        in_dim = obs_dim
+        in_dim = self.encoder.out_dim
         for width in hidden:
             layers += [nn.Linear(in_dim, width), nn.ReLU()]
             in_dim = width
@@ -506,7 +503,7 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values, shape (batch, num_actions)."""
-        x = obs.reshape(obs.shape[0], -1).float()
+        x = self.encoder(obs)
         if not self.dueling:
             return self.advantage_path(x)
         x = self.body(x)
@@ -521,8 +518,8 @@ class QNetwork(nn.Module):
         """argmax Q for a batch of host observations (GreedyActor's reference)."""
         device = self.advantage.weight.device
         with torch.inference_mode():
-            x = torch.as_tensor(obs, device=device)
-            return self.advantage_path(x.reshape(x.shape[0], -1).float()).argmax(-1).cpu().numpy()
+            x = self.encoder(torch.as_tensor(obs, device=device))
+            return self.advantage_path(x).argmax(-1).cpu().numpy()
 
     def spec_args(self) -> dict:
         return {"action_dim": self.num_actions, "dueling": self.dueling,
@@ -530,15 +527,16 @@ class QNetwork(nn.Module):
 
     @classmethod
     def from_spec(cls, spec: dict) -> QNetwork:
-        obs_dim = int(np.prod(spec["obs_shape"]))
+        encoder = encoder_from_description(description_of_spec(spec))
         hidden = tuple(spec.get("hidden", (120, 84)))  # (older model files: the default)
-        return cls(obs_dim, spec["action_dim"], hidden, dueling=spec["dueling"])
+        return cls(0, spec["action_dim"], hidden, dueling=spec["dueling"], encoder=encoder)
 
 
 def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasium spaces
     """What rebuilds `network` (its class's from_spec) and clips its actions: kept in
     model.pt."""
-    spec = {"network": network.SPEC_NAME, "obs_shape": list(obs_space.shape)}
+    spec = {"network": network.SPEC_NAME, "obs_shape": list(obs_space.shape),
+            "observation": describe_space(obs_space)}  # fmt: skip
     spec |= network.spec_args()
     if spec.get("continuous"):
         spec |= {"action_low": action_space.low.tolist(),
@@ -611,10 +609,6 @@ class BoundedActions(nn.Module):
         return self.scale * y + self.bias
 
 
-def _obs_features(obs: torch.Tensor) -> torch.Tensor:
-    return obs.reshape(obs.shape[0], -1).float()
-
-
 class SquashedGaussianActorCritic(nn.Module):
     """SAC's networks (Haarnoja et al. 2018, as CleanRL's sac_continuous_action.py): a
     Gaussian actor squashed by tanh into the action box, whose log-std is bounded to
@@ -627,16 +621,20 @@ class SquashedGaussianActorCritic(nn.Module):
     LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
     def __init__(self, obs_dim: int, low: Sequence[float], high: Sequence[float],
-                 hidden: tuple[int, ...] = (256, 256)) -> None:  # fmt: skip
+                 hidden: tuple[int, ...] = (256, 256),
+                 encoder: nn.Module | None = None) -> None:  # fmt: skip
         super().__init__()
         action_dim, self.hidden = len(low), tuple(hidden)
+        # a parameter-free encoder (vectors, one-hots), which actor and critics share
+        self.encoder = FlatEncoder((obs_dim,)) if encoder is None else encoder
+        obs_dim = self.encoder.out_dim
         self.actor = relu_mlp(obs_dim, hidden, 2 * action_dim)
         self.bounds = BoundedActions(low, high)
         self.critic = QCritics(obs_dim, action_dim, hidden)
 
     def distribution(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log-std) of the Gaussian before the squashing."""
-        mean, raw_log_std = self.actor(_obs_features(obs)).chunk(2, -1)
+        mean, raw_log_std = self.actor(self.encoder(obs)).chunk(2, -1)
         span = self.LOG_STD_MAX - self.LOG_STD_MIN
         return mean, self.LOG_STD_MIN + 0.5 * span * (torch.tanh(raw_log_std) + 1.0)
 
@@ -654,7 +652,7 @@ class SquashedGaussianActorCritic(nn.Module):
 
     def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """(Q1, Q2) at (obs, action), shape (batch, 2)."""
-        return torch.stack(self.critic(_obs_features(obs), action.float()), -1)
+        return torch.stack(self.critic(self.encoder(obs), action.float()), -1)
 
     def spec_args(self) -> dict:
         return {"action_dim": len(self.bounds.low), "continuous": True,
@@ -662,8 +660,9 @@ class SquashedGaussianActorCritic(nn.Module):
 
     @classmethod
     def from_spec(cls, spec: dict) -> SquashedGaussianActorCritic:
-        obs_dim = int(np.prod(spec["obs_shape"]))
-        return cls(obs_dim, spec["action_low"], spec["action_high"], tuple(spec["hidden"]))
+        encoder = encoder_from_description(description_of_spec(spec))
+        return cls(0, spec["action_low"], spec["action_high"], tuple(spec["hidden"]),
+                   encoder=encoder)  # fmt: skip
 
 
 class DeterministicActorCritic(nn.Module):
@@ -678,16 +677,20 @@ class DeterministicActorCritic(nn.Module):
 
     def __init__(self, obs_dim: int, low: Sequence[float], high: Sequence[float],
                  hidden: tuple[int, ...] = (256, 256),
-                 exploration_noise: float = 0.1, critics: int = 2) -> None:  # fmt: skip
+                 exploration_noise: float = 0.1, critics: int = 2,
+                 encoder: nn.Module | None = None) -> None:  # fmt: skip
         super().__init__()
         action_dim, self.hidden = len(low), tuple(hidden)
+        # a parameter-free encoder (vectors, one-hots), which actor and critics share
+        self.encoder = FlatEncoder((obs_dim,)) if encoder is None else encoder
+        obs_dim = self.encoder.out_dim
         self.exploration_noise = exploration_noise
         self.actor = relu_mlp(obs_dim, hidden, action_dim)
         self.bounds = BoundedActions(low, high)
         self.critic = QCritics(obs_dim, action_dim, hidden, critics)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.bounds(torch.tanh(self.actor(_obs_features(obs))))
+        return self.bounds(torch.tanh(self.actor(self.encoder(obs))))
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
         """(the exploring action, None: it has no log-prob)."""
@@ -698,7 +701,7 @@ class DeterministicActorCritic(nn.Module):
     def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """(Q1, Q2) at (obs, action), shape (batch, 2); (Q1,), shape (batch, 1), with one
         critic."""
-        return torch.stack(self.critic(_obs_features(obs), action.float()), -1)
+        return torch.stack(self.critic(self.encoder(obs), action.float()), -1)
 
     def spec_args(self) -> dict:
         noise, critics = self.exploration_noise, self.critic.count
@@ -708,7 +711,7 @@ class DeterministicActorCritic(nn.Module):
 
     @classmethod
     def from_spec(cls, spec: dict) -> DeterministicActorCritic:
-        obs_dim = int(np.prod(spec["obs_shape"]))
+        encoder = encoder_from_description(description_of_spec(spec))
         # model files written before DDPG came hold TD3's two critics and do not say so
-        return cls(obs_dim, spec["action_low"], spec["action_high"], tuple(spec["hidden"]),
-                   spec["exploration_noise"], spec.get("critics", 2))  # fmt: skip
+        return cls(0, spec["action_low"], spec["action_high"], tuple(spec["hidden"]),
+                   spec["exploration_noise"], spec.get("critics", 2), encoder)  # fmt: skip

@@ -44,7 +44,9 @@ def run_main(args, logdir, capsys):
         (["ppx"], "unknown algorithm 'ppx'; did you mean 'ppo'?"),
         (["--env", "CartPole-v1", "ppo"], "name the algorithm first"),
         (["ppo", "--config", "fastest"], "--config 'fastest' is neither a file nor a packaged"),
-        (["ppo", "--env", "FrozenLake-v1"], "FrozenLake-v1 has observation space Discrete(16)"),
+        (["ppo", "--env", "Blackjack-v1"], "Blackjack-v1 has observation space Tuple(Discrete(32)"),
+        (["ppo", "--env", "FrozenLake-v1", "--norm-obs"], "--norm-obs normalizes float vector"),
+        (["ppo", "--hidden", "0"], "--hidden needs one or more layer widths >= 1"),
         (["dqn", "--norm-obs"], "unknown option --norm-obs"),
         (["dqn", "--q-hidden", "0"], "--q-hidden needs one or more layer widths >= 1"),
         (
@@ -108,20 +110,21 @@ def test_an_env_without_its_extra_names_the_extra(env_id, module, extra, logdir,
     assert not Path(logdir).exists()
 
 
-def test_images_the_cnn_does_not_take_are_refused(logdir, capsys):
+def test_images_are_refused_by_the_algorithms_without_a_cnn(logdir, capsys):
     import gymnasium as gym
     import numpy as np
 
     class Images(gym.Env):
         observation_space = gym.spaces.Box(0, 255, (96, 96, 3), np.uint8)
-        action_space = gym.spaces.Discrete(2)
+        action_space = gym.spaces.Box(-1, 1, (2,))
 
     gym.register("rlstore-test/Images-v0", entry_point=Images, max_episode_steps=10)
     try:
-        for algo in ("ppo", "dqn"):
+        for algo in ("sac", "td3", "ddpg"):
             code, err = run_main([algo, "--env", "rlstore-test/Images-v0"], logdir, capsys)
             assert code == 2 and err.count("\n") == 1
-            assert "image observations (96, 96, 3) uint8; rlstore's CNN takes channel-first" in err
+            assert f"{algo.upper()} takes vector observations, not images such as" in err
+            assert "images train with a2c, dqn, ppo, ppo_lstm" in err
     finally:
         del gym.registry["rlstore-test/Images-v0"]
     assert not Path(logdir).exists()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from extras import needs
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
-from tiny_runs import SETUPS, Watch, only_run_dir, params, replace, same_params
+from tiny_runs import SETUPS, Watch, only_run_dir, params, replace, resumes_bitwise, same_params
 
 from rlstore.algos import dqn, ppo
 from rlstore.checkpoint import (
@@ -36,19 +36,7 @@ from rlstore.files import safe_load
 def test_resume_from_a_middle_checkpoint_is_bitwise_identical(algo, fast_paths, tmp_path):
     """With the fast paths and without them (the reference code)."""
     module, cfg = SETUPS[algo]
-    cfg = replace(cfg, logdir=str(tmp_path), fast_paths=fast_paths)
-    full = module.train(cfg)
-    saved = checkpoint_files(full.run_dir / "checkpoints")
-    assert len(saved) >= 3
-    middle = saved[len(saved) // 2]
-    for later in saved[: len(saved) // 2]:  # as if the run had died after `middle`
-        later.unlink()
-    (full.run_dir / "model.pt").unlink()
-    resumed = module.train(cfg, resume=full.run_dir)
-    assert resumed.global_step == full.global_step
-    assert resumed.episode_returns == full.episode_returns
-    assert same_params(params(resumed.model), params(full.model))
-    assert int(middle.name[5:-3]) < full.global_step
+    resumes_bitwise(module, replace(cfg, logdir=str(tmp_path), fast_paths=fast_paths))
 
 
 def test_interrupted_dqn_resumes_to_the_same_run(tmp_path):

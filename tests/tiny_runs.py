@@ -35,6 +35,26 @@ SETUPS["ppo_lstm"] = (ppo_lstm, ppo_lstm.PPOLSTMConfig(
     lstm_hidden_size=16, checkpoint_every=256, **COMMON))  # fmt: skip
 
 
+def resumes_bitwise(module, cfg):
+    """Train `cfg`, then resume it from a middle checkpoint as if it had died there: the
+    same returns and parameters at the end. Returns the full run's result."""
+    from rlstore.checkpoint import checkpoint_files
+
+    full = module.train(cfg)
+    saved = checkpoint_files(full.run_dir / "checkpoints")
+    assert len(saved) >= 3
+    middle = saved[len(saved) // 2]
+    for later in saved[: len(saved) // 2]:  # as if the run had died after `middle`
+        later.unlink()
+    (full.run_dir / "model.pt").unlink()
+    resumed = module.train(cfg, resume=full.run_dir)
+    assert resumed.global_step == full.global_step
+    assert resumed.episode_returns == full.episode_returns
+    assert same_params(params(resumed.model), params(full.model))
+    assert int(middle.name[5:-3]) < full.global_step
+    return full
+
+
 def params(model):
     return [p.detach().clone() for p in model.parameters()]
 

@@ -44,7 +44,9 @@ class Algorithm:
       `spec_args()` and a `from_spec(spec)` (rlstore/networks.py), from which `rlstore eval`
       and `load_policy` rebuild the policy;
     defaults: where its config's defaults come from, which a run without a preset says
-      when it starts ("" says nothing).
+      when it starts ("" says nothing);
+    image_observations: whether it trains on images (uint8, three dimensions) through a
+      CNN encoder; SAC's, TD3's and DDPG's actors and critics share a parameter-free one.
     """
 
     name: str
@@ -54,6 +56,7 @@ class Algorithm:
     action_spaces: tuple[type, ...]
     networks: tuple[type, ...]
     defaults: str = ""
+    image_observations: bool = True
 
     def build_policy(self, spec: dict[str, Any]) -> Any:
         """The network a policy spec of this algorithm describes, with fresh parameters."""

@@ -24,7 +24,9 @@ from rlstore.config import (
     NonNegative,
     NonNegativeInt,
     Positive,
+    check_widths,
 )
+from rlstore.encoders import stored_dtype
 from rlstore.errors import UsageError
 from rlstore.run import Run, resolve_device
 from rlstore.storage.replay import ReplayBuffer
@@ -62,8 +64,7 @@ class ContinuousOffPolicyConfig(CommonConfig):
 
     def check(self) -> None:
         super().check()
-        if not self.hidden or min(self.hidden) < 1:
-            raise UsageError(f"--hidden needs one or more layer widths >= 1 (got {self.hidden})")
+        check_widths("--hidden", self.hidden)
         if self.batch_size > self.buffer_size:
             raise UsageError(
                 f"--batch-size {self.batch_size} must lie in [1, --buffer-size "
@@ -109,15 +110,16 @@ def check_bounded_actions(envs: gym.vector.VectorEnv, env_id: str, algo: str) ->
 def make_replay_buffer(
     cfg: ContinuousOffPolicyConfig, envs: gym.vector.VectorEnv, device: torch.device
 ) -> ReplayBuffer:
-    """The run's replay buffer: float32 observations and actions, one-step targets,
-    after checking that it fits in memory."""
+    """The run's replay buffer: observations as stored_dtype says (float vectors as
+    float32), float32 actions, one-step targets, after checking that it fits in memory."""
     obs_shape = envs.single_observation_space.shape
+    obs_dtype = stored_dtype(envs.single_observation_space)
     action_shape = envs.single_action_space.shape
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     shapes = dict(action_shape=action_shape, action_dtype=torch.float32)
-    check_replay_fits(buffer_device, cfg.buffer_size, cfg.num_envs, obs_shape, torch.float32,
+    check_replay_fits(buffer_device, cfg.buffer_size, cfg.num_envs, obs_shape, obs_dtype,
                       **shapes)  # fmt: skip
-    return ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, torch.float32, **shapes,
+    return ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, obs_dtype, **shapes,
                         device=buffer_device, sample_device=device, gamma=cfg.gamma,
                         seed=cfg.seed)  # fmt: skip
 

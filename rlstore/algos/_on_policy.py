@@ -10,6 +10,7 @@ from gymnasium import spaces
 from rlstore.algos import Algorithm
 from rlstore.config import OnPolicyConfig
 from rlstore.envs import make_training_envs
+from rlstore.errors import UsageError
 from rlstore.lean import LeanRollout
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
 from rlstore.normalize import ObsNormalizer, RewardScaler
@@ -23,6 +24,19 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.T
     return torch.where(var_target == 0, torch.nan, 1 - (target - predicted).var() / var_target)
 
 
+def obs_normalizer_for(cfg: OnPolicyConfig, obs_space: spaces.Space) -> ObsNormalizer | None:
+    """The observation normalizer of --norm-obs (None without it), which takes float Box
+    observations only: one-hots and images have their scale."""
+    if not cfg.norm_obs:
+        return None
+    if not (isinstance(obs_space, spaces.Box) and obs_space.dtype.kind == "f"):
+        raise UsageError(
+            f"--norm-obs normalizes float vector observations; {cfg.env_id} has {obs_space}, "
+            "which rlstore's encoder scales itself: drop --norm-obs"
+        )
+    return ObsNormalizer(obs_space.shape, cfg.clip_obs)
+
+
 def build_actor_critic(
     cfg: OnPolicyConfig, algorithm: Algorithm, device: torch.device
 ) -> tuple[ActorCritic, RolloutStorage, TrainingState]:
@@ -31,13 +45,13 @@ def build_actor_critic(
     joins it)."""
     envs = make_training_envs(cfg, algorithm)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = actor_critic_for(obs_space, action_space, fast=cfg.use_fast_paths).to(device)
+    agent = actor_critic_for(obs_space, action_space, cfg.use_fast_paths, cfg.hidden).to(device)
     if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():
         print(
             f"rlstore: {cfg.env_id} has unbounded actions ({action_space}): where a bound is "
             "infinite, the Gaussian policy's samples go to the env unclipped"
         )
-    obs_norm = ObsNormalizer(obs_space.shape, cfg.clip_obs) if cfg.norm_obs else None
+    obs_norm = obs_normalizer_for(cfg, obs_space)
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )

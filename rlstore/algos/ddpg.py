@@ -47,4 +47,5 @@ ALGORITHM = Algorithm(
     action_spaces=(spaces.Box,),
     defaults="CleanRL's ddpg_continuous_action.py",
     networks=(DeterministicActorCritic,),
+    image_observations=False,
 )

@@ -36,7 +36,9 @@ from rlstore.config import (
     Fraction,
     NonNegativeInt,
     Positive,
+    check_widths,
 )
+from rlstore.encoders import encoder_for
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
 from rlstore.host_networks import GreedyActor
@@ -117,10 +119,7 @@ class DQNConfig(CommonConfig):
                 f"--batch-size {self.batch_size} must lie in [1, --buffer-size "
                 f"{self.buffer_size}]; lower the batch size or enlarge the buffer"
             )
-        if not self.q_hidden or min(self.q_hidden) < 1:
-            raise UsageError(
-                f"--q-hidden needs one or more layer widths >= 1 (got {self.q_hidden})"
-            )
+        check_widths("--q-hidden", self.q_hidden)
         if self.learning_starts > self.total_timesteps:
             raise UsageError(
                 f"--learning-starts {self.learning_starts} is larger than --total-timesteps "
@@ -241,12 +240,13 @@ def train(
         q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
         greedy_actions = q_network.greedy_action
     else:
-        obs_dim = int(np.prod(obs_space.shape))
-        q_network = QNetwork(obs_dim, num_actions, cfg.q_hidden, dueling=cfg.dueling,
-                             fast=cfg.use_fast_paths).to(device)  # fmt: skip
+        q_network = QNetwork(0, num_actions, cfg.q_hidden, dueling=cfg.dueling,
+                             fast=cfg.use_fast_paths,
+                             encoder=encoder_for(obs_space)).to(device)  # fmt: skip
         greedy_actions = q_network.greedy_action
-        if cfg.use_fast_paths:  # the same argmax in numpy (rlstore/host_networks.py)
-            greedy_actions = GreedyActor(q_network.advantage_path)
+        if cfg.use_fast_paths and hasattr(q_network.encoder, "host"):
+            # the same argmax in numpy (rlstore/host_networks.py)
+            greedy_actions = GreedyActor(q_network.advantage_path, encoder=q_network.encoder)
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     check_buffer_fits(cfg, obs_space, buffer_device, frames)

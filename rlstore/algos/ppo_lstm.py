@@ -20,7 +20,7 @@ from gymnasium import spaces
 from torch import nn
 
 from rlstore.algos import Algorithm
-from rlstore.algos._on_policy import log_update
+from rlstore.algos._on_policy import log_update, obs_normalizer_for
 from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
 from rlstore.config import Count
@@ -33,7 +33,7 @@ from rlstore.networks import (
     policy_spec,
     recurrent_actor_critic_for,
 )
-from rlstore.normalize import ObsNormalizer, RewardScaler
+from rlstore.normalize import RewardScaler
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 
@@ -162,8 +162,9 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     """Envs, the LSTM actor-critic, its rollout storage and the run's TrainingState."""
     envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size).to(device)
-    obs_norm = ObsNormalizer(obs_space.shape, cfg.clip_obs) if cfg.norm_obs else None
+    agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size,
+                                       cfg.hidden).to(device)  # fmt: skip
+    obs_norm = obs_normalizer_for(cfg, obs_space)
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )

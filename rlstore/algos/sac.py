@@ -36,6 +36,7 @@ from rlstore.algos._off_policy import (
 )
 from rlstore.algos._shared import update_target
 from rlstore.config import NonNegative, NonNegativeInt, Positive
+from rlstore.encoders import encoder_for
 from rlstore.envs import make_training_envs
 from rlstore.networks import SquashedGaussianActorCritic, policy_spec
 from rlstore.run import Callback, Run, TrainingState, TrainResult
@@ -69,7 +70,7 @@ def critic_target(
     does not (its s' is the true final observation, which the buffer keeps)."""
     with torch.no_grad():
         next_action, next_log_prob = agent.act(batch.next_obs)
-        next_q1, next_q2 = target_critic(batch.next_obs.float(), next_action)
+        next_q1, next_q2 = target_critic(agent.encoder(batch.next_obs), next_action)
         soft_value = torch.min(next_q1, next_q2) - alpha * next_log_prob
         return batch.rewards + batch.discounts * soft_value.masked_fill(batch.terminated, 0.0)
 
@@ -83,7 +84,7 @@ def critic_loss(
     """(Q1 loss, Q2 loss, Q1(s, a), Q2(s, a)) on a replay batch: the mean squared errors
     against critic_target."""
     target = critic_target(agent, target_critic, batch, alpha)
-    q1, q2 = agent.critic(batch.obs.float(), batch.actions)
+    q1, q2 = agent.critic(agent.encoder(batch.obs), batch.actions)
     return F.mse_loss(q1, target), F.mse_loss(q2, target), q1.detach(), q2.detach()
 
 
@@ -93,7 +94,7 @@ def actor_loss(
     """E[alpha * log pi(a|s) - min(Q1, Q2)(s, a)], a ~ pi(s) reparameterized (the critics'
     own parameters get no gradient: the caller freezes them)."""
     action, log_prob = agent.act(obs)
-    q1, q2 = agent.critic(obs.float(), action)
+    q1, q2 = agent.critic(agent.encoder(obs), action)
     return (alpha * log_prob - torch.min(q1, q2)).mean()
 
 
@@ -186,9 +187,8 @@ def train(
     envs = make_training_envs(cfg, ALGORITHM)
     check_bounded_actions(envs, cfg.env_id, ALGORITHM.name)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    obs_dim = int(np.prod(obs_space.shape))
-    agent = SquashedGaussianActorCritic(obs_dim, action_space.low, action_space.high,
-                                        cfg.hidden).to(device)  # fmt: skip
+    agent = SquashedGaussianActorCritic(0, action_space.low, action_space.high, cfg.hidden,
+                                        encoder_for(obs_space)).to(device)  # fmt: skip
     target_critic = copy.deepcopy(agent.critic)
     entropy = EntropyCoefficient(None if cfg.autotune else cfg.alpha).to(device)
     target_entropy = -float(np.prod(action_space.shape))  # -dim(A), SAC's heuristic
@@ -239,4 +239,5 @@ ALGORITHM = Algorithm(
     action_spaces=(spaces.Box,),
     defaults="CleanRL's sac_continuous_action.py",
     networks=(SquashedGaussianActorCritic,),
+    image_observations=False,
 )

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 import torch
 from gymnasium import spaces
 from torch.nn import functional as F
@@ -38,6 +37,7 @@ from rlstore.algos._off_policy import (
 )
 from rlstore.algos._shared import update_target
 from rlstore.config import NonNegative
+from rlstore.encoders import encoder_for
 from rlstore.envs import make_training_envs
 from rlstore.networks import DeterministicActorCritic, policy_spec
 from rlstore.run import Callback, Run, TrainingState, TrainResult
@@ -80,7 +80,7 @@ def critic_target(
     bootstrap, a truncation does not."""
     with torch.no_grad():
         next_action = smoothed_target_action(target, batch.next_obs, cfg)
-        next_q = target.critic(batch.next_obs.float(), next_action)
+        next_q = target.critic(target.encoder(batch.next_obs), next_action)
         lowest = next_q[0] if len(next_q) == 1 else torch.min(*next_q)
         return batch.rewards + batch.discounts * lowest.masked_fill(batch.terminated, 0.0)
 
@@ -94,14 +94,15 @@ def critic_loss(
     """((Q1 loss, Q2 loss), (Q1(s, a), Q2(s, a))) on a replay batch, or the same of Q1
     alone (DDPG): the mean squared errors against critic_target."""
     q_target = critic_target(target, batch, cfg)
-    q = agent.critic(batch.obs.float(), batch.actions)
+    q = agent.critic(agent.encoder(batch.obs), batch.actions)
     return tuple(F.mse_loss(qi, q_target) for qi in q), tuple(qi.detach() for qi in q)
 
 
 def actor_loss(agent: DeterministicActorCritic, obs: torch.Tensor) -> torch.Tensor:
     """-Q1(s, mu(s)), averaged: the deterministic policy gradient through the first critic
     (the critics' own parameters get no gradient: the caller freezes them)."""
-    return -agent.critic.q1(torch.cat((obs.float(), agent.deterministic_action(obs)), -1)).mean()
+    features = agent.encoder(obs)
+    return -agent.critic.q1(torch.cat((features, agent.deterministic_action(obs)), -1)).mean()
 
 
 def gradient_step(
@@ -156,9 +157,9 @@ def train(
     envs = make_training_envs(cfg, algorithm)
     check_bounded_actions(envs, cfg.env_id, algorithm.name)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    obs_dim = int(np.prod(obs_space.shape))
-    agent = DeterministicActorCritic(obs_dim, action_space.low, action_space.high, cfg.hidden,
-                                     cfg.exploration_noise, cfg.critics).to(device)  # fmt: skip
+    agent = DeterministicActorCritic(0, action_space.low, action_space.high, cfg.hidden,
+                                     cfg.exploration_noise, cfg.critics,
+                                     encoder_for(obs_space)).to(device)  # fmt: skip
     target = copy.deepcopy(agent)  # the target actor and the target critics
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=cfg.learning_rate, fused=True)
     critic_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate,
@@ -202,4 +203,5 @@ ALGORITHM = Algorithm(
     action_spaces=(spaces.Box,),
     defaults="CleanRL's td3_continuous_action.py",
     networks=(DeterministicActorCritic,),
+    image_observations=False,
 )

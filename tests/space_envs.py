@@ -1,0 +1,71 @@
+"""Small envs of the observation spaces beyond Box vectors, for the tests: each registers
+itself on import (use the id as "space_envs:Id-v0"), is learnable in a few thousand steps,
+and ends its episodes by a time limit (a truncation)."""
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class ColorImage(gym.Env):
+    """A 7x7x3 uint8 image lit in one random channel; reward 1 for naming that channel."""
+
+    observation_space = spaces.Box(0, 255, (7, 7, 3), np.uint8)
+    action_space = spaces.Discrete(3)
+
+    def _observe(self):
+        self.channel = int(self.np_random.integers(3))
+        image = np.zeros((7, 7, 3), np.uint8)
+        image[..., self.channel] = 255
+        return image
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.channel)
+        return self._observe(), reward, False, False, {}
+
+
+class BitParity(gym.Env):
+    """MultiBinary(4) observations; reward 1 for the parity of the bits."""
+
+    observation_space = spaces.MultiBinary(4)
+    action_space = spaces.Discrete(2)
+
+    def _observe(self):
+        self.bits = self.np_random.integers(0, 2, 4).astype(np.int8)
+        return self.bits
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == int(self.bits.sum()) % 2)
+        return self._observe(), reward, False, False, {}
+
+
+class DiscreteTarget(gym.Env):
+    """Discrete(5) states and a continuous action: reward -(a - (s - 2) / 2)^2."""
+
+    observation_space = spaces.Discrete(5)
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(5))
+        return self.state
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = -float((action[0] - (self.state - 2) / 2) ** 2)
+        return self._observe(), reward, False, False, {}
+
+
+for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10)):
+    if f"{_cls.__name__}-v0" not in gym.registry:
+        gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)

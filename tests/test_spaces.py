@@ -1,0 +1,88 @@
+"""Training on the observation spaces beyond Box vectors, end to end: Discrete (FrozenLake),
+MultiBinary, small uint8 images and Discrete states with continuous actions, for every
+algorithm that takes them: the storage keeps the env's dtype, a run resumes bitwise, and
+load_policy and `rlstore eval` play the saved policy."""
+
+import numpy as np
+import pytest
+import space_envs  # noqa: F401 (registers the test envs)
+from gymnasium import spaces
+from tiny_runs import SETUPS, replace, resumes_bitwise
+
+import rlstore
+from rlstore.evaluate import evaluate
+
+# (algorithm, env): every encoder, and every algorithm on at least one new space
+CASES = [
+    ("ppo", "FrozenLake-v1"),
+    ("ppo", "ColorImage-v0"),
+    ("a2c", "BitParity-v0"),
+    ("dqn", "FrozenLake-v1"),
+    ("dqn", "ColorImage-v0"),
+    ("ppo_lstm", "BitParity-v0"),
+    ("sac", "DiscreteTarget-v0"),
+    ("td3", "DiscreteTarget-v0"),
+    ("ddpg", "DiscreteTarget-v0"),
+]
+
+
+@pytest.mark.parametrize("algo, env_id", CASES)
+def test_a_run_on_the_space_resumes_bitwise_and_its_policy_plays(
+    algo, env_id, tmp_path, monkeypatch
+):
+    from rlstore import checkpoint
+
+    # the test envs' state is plain attributes, as the saveable envs' (their class names)
+    test_envs = ("ColorImage", "BitParity", "DiscreteTarget")
+    monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + test_envs)
+    module, cfg = SETUPS[algo]
+    cfg = replace(cfg, env_id=env_id, logdir=str(tmp_path), max_episode_steps=None)
+    full = resumes_bitwise(module, cfg)
+    policy = rlstore.load_policy(full.run_dir)
+    space = spaces.Discrete(16) if env_id == "FrozenLake-v1" else None
+    obs_space = space or {"ColorImage-v0": space_envs.ColorImage.observation_space,
+                          "BitParity-v0": space_envs.BitParity.observation_space,
+                          "DiscreteTarget-v0": space_envs.DiscreteTarget.observation_space,
+                          }[env_id]  # fmt: skip
+    one = obs_space.sample()
+    batch = np.stack([obs_space.sample() for _ in range(3)])
+    action, actions = policy(one), policy(batch)
+    assert np.shape(actions)[0] == 3 and np.shape(action) == np.shape(actions)[1:]
+    result = evaluate(full.run_dir, episodes=2)
+    assert len(result["returns"]) == 2
+
+
+def test_frozen_lake_is_stored_as_int64_states(tmp_path):
+    from rlstore.algos import ppo
+
+    seen = {}
+
+    class Look(rlstore.Callback):
+        def on_iteration(self, run):
+            seen["obs"] = run.state.parts["storage"].obs
+
+    _, cfg = SETUPS["ppo"]
+    cfg = replace(cfg, env_id="FrozenLake-v1", logdir=str(tmp_path), total_timesteps=512)
+    ppo.train(cfg, callbacks=[Look()])
+    assert seen["obs"].dtype == rlstore_int64() and seen["obs"].shape[2:] == ()
+
+
+def rlstore_int64():
+    import torch
+
+    return torch.int64
+
+
+def test_images_stay_uint8_in_the_replay_buffer(tmp_path):
+    from rlstore.algos import dqn
+
+    seen = {}
+
+    class Look(rlstore.Callback):
+        def on_iteration(self, run):
+            seen["obs"] = run.state.parts["buffer"].obs
+
+    _, cfg = SETUPS["dqn"]
+    cfg = replace(cfg, env_id="ColorImage-v0", logdir=str(tmp_path), total_timesteps=600)
+    dqn.train(cfg, callbacks=[Look()])
+    assert str(seen["obs"].dtype) == "torch.uint8" and tuple(seen["obs"].shape[2:]) == (7, 7, 3)
