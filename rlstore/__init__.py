@@ -1,6 +1,7 @@
 """rlstore: a reference RL trainer built around correct, fast, resumable storage.
 
     from rlstore import RolloutStorage, ReplayBuffer, train_ppo, PPOConfig
+    rlstore.train("ppo", env="CartPole-v1", total_timesteps=50_000)
 
 Heavy modules (torch, gymnasium) load on first use, so `rlstore --help` starts quickly.
 """
@@ -43,6 +44,7 @@ _EXPORTS = {
     "PPOConfig": "rlstore.algos.ppo",
     "A2CConfig": "rlstore.algos.a2c",
     "UsageError": "rlstore.errors",
+    "train": "rlstore.api",
     "Callback": "rlstore.run",
     "StopAtEvalReturn": "rlstore.run",
     "train_ppo": ("rlstore.algos.ppo", "train"),

@@ -83,6 +83,14 @@ class CommonConfig:
     sync otherwise (faster for fewer envs); native, sync and async force a mode."""
     max_episode_steps: Count | None = None
     """Override the env's time limit (episodes are truncated after this many steps)."""
+    env_kwargs: tuple[str, ...] = ()
+    """Keyword arguments of the env's constructor, KEY=VALUE each, values read as Python
+    literals (`--env-kwargs is_slippery=False map_name=8x8`: a value that is no literal is a
+    string)."""
+    wrapper: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """A wrapper of each env, module:Callable (a class or function that takes the env and
+    returns the wrapped env); repeat the flag for more, applied in order, before rlstore's
+    own (`--wrapper gymnasium.wrappers:FlattenObservation`)."""
     sticky_actions: bool = False
     """Atari only: repeat the previous action with probability 0.25 (the v5 ids' default).
     Off by default, as in the published tables rlstore compares with."""
@@ -147,6 +155,11 @@ class CommonConfig:
     def check(self) -> None:
         """The checks of field combinations of this config class (validate() calls it after
         checking each field's range); subclasses add theirs."""
+        from rlstore.custom_envs import parse_env_kwargs, split_callable_path
+
+        parse_env_kwargs(self.env_kwargs)
+        for path in self.wrapper:
+            split_callable_path(path, "--wrapper")
         if self.capture_video and not self.eval_every:
             raise UsageError(
                 "--capture-video records evaluation episodes; give --eval-every STEPS too"

@@ -16,7 +16,7 @@ import difflib
 import functools
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +29,7 @@ from rlstore import algos
 from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
+from rlstore.custom_envs import EnvMaker, callable_env, parse_env_kwargs, wrap
 from rlstore.encoders import UnsupportedSpace, describe_space, is_image
 from rlstore.errors import UsageError
 from rlstore.lean import LeanSyncVectorEnv
@@ -62,10 +63,13 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
         module, _, env_id = env_id.partition(":")
         try:
             importlib.import_module(module)
-        except ImportError:
+        except ImportError as e:
             raise UsageError(
-                f"cannot import module '{module}' named in the env id; install it first"
+                f"cannot import module '{module}' named in the env id ({e}); install it or "
+                "run from the directory that holds it"
             ) from None
+        if env_id not in gym.registry:  # or "module:function", a function that makes the env
+            env_id = callable_env(module, env_id) or env_id
     if env_id not in gym.registry:  # maybe an Atari id: ale-py registers them on import
         try:
             gym.register_envs(importlib.import_module("ale_py"))
@@ -75,7 +79,11 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise UsageError(f"unknown env id '{env_id}'{hint or '; see gymnasium.pprint_registry()'}")
+        hint = hint or "; see gymnasium.pprint_registry()"
+        raise UsageError(
+            f"unknown env id '{env_id}'{hint} (an env of your own: --env module:EnvId, or "
+            "module:make_env for a function that returns it; docs/guides/custom-envs.md)"
+        )
     spec = gym.spec(env_id)
     if isinstance(spec.entry_point, str):  # its module imports the optional dependency
         module = spec.entry_point.partition(":")[0]
@@ -170,6 +178,8 @@ def make_vec_env(
     sticky_actions: bool = False,
     fire_on_life_loss: bool = False,
     lean: bool = True,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[str] = (),
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algorithm` can train on its spaces (check_spaces).
@@ -182,15 +192,26 @@ def make_vec_env(
     "sync" is LeanSyncVectorEnv (a fast path), or with `lean=False` Gymnasium's own
     SyncVectorEnv.
     Atari games get their standard preprocessing and `life_lost` (rlstore/atari.py).
+    `env_kwargs` go to each env's constructor and `wrappers` ("module:Callable") wrap each
+    env in order (rlstore/custom_envs.py); an env with wrappers is stepped one by one
+    (sync or async), not by a native vector env.
     """
     spec = check_env_id(env_id)
     route_mujoco_warnings(spec)
+    env_kwargs = env_kwargs or {}
+    if is_atari(spec) and (env_kwargs or wrappers):
+        raise UsageError(
+            f"--env-kwargs and --wrapper do not apply to Atari games yet ({env_id} gets "
+            "rlstore's own preprocessing, docs/guides/atari.md); drop them"
+        )
+    if env_kwargs or wrappers:  # one env first: its mistakes as one line, before the copies
+        EnvMaker(spec.id, env_kwargs, wrappers, **_time_limit(max_episode_steps)).check()
     if is_atari(spec):
         envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
                                fire_on_life_loss)  # fmt: skip
     else:
         envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, max_episode_steps, infos,
-                                       lean)  # fmt: skip
+                                       lean, env_kwargs, wrappers)  # fmt: skip
     try:
         check_spaces(env_id, algorithm, envs.single_observation_space, envs.single_action_space)
     except UsageError:
@@ -289,10 +310,13 @@ def replayed(spec: gym.envs.registration.EnvSpec) -> bool:
     return str(spec.entry_point).rpartition(":")[2] in REPLAYED_ENVS
 
 
-def _env_fn(spec: gym.envs.registration.EnvSpec, kwargs: dict[str, Any]) -> Any:
-    """What makes one env of `spec`: gym.make, wrapped in an EpisodeRecorder where its
+def _time_limit(max_episode_steps: int | None) -> dict[str, Any]:
+    return {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+
+
+def _env_fn(spec: gym.envs.registration.EnvSpec, make: EnvMaker) -> Any:
+    """What makes one env of `spec`: `make`, wrapped in an EpisodeRecorder where its
     episodes replay."""
-    make = functools.partial(gym.make, spec.id, **kwargs)
     return (lambda: EpisodeRecorder(make())) if replayed(spec) else make
 
 
@@ -303,31 +327,37 @@ def _make_gymnasium_vec_env(
     max_episode_steps: int | None,
     infos: bool,
     lean: bool,
+    env_kwargs: dict[str, Any],
+    wrappers: Sequence[str],
 ) -> gym.vector.VectorEnv:
     if vectorization == "auto":
         native = spec.vector_entry_point is not None and num_envs >= NATIVE_MIN_ENVS
-        mode = "vector_entry_point" if native else "sync"
+        mode = "vector_entry_point" if native and not wrappers else "sync"
     elif vectorization == "native":
-        if spec.vector_entry_point is None:
+        if spec.vector_entry_point is None or wrappers:
+            why = "with --wrapper, envs are wrapped one by one" if wrappers else (
+                "it has no native vectorized implementation")  # fmt: skip
             raise UsageError(
-                f"{spec.id} has no native vectorized implementation; "
+                f"--vectorization native cannot build {spec.id}: {why}; "
                 "use --vectorization sync or async"
             )
         mode = "vector_entry_point"
     else:
         mode = vectorization
-    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    kwargs = _time_limit(max_episode_steps)
     if mode == "sync" and lean:
-        env_fns = [_env_fn(spec, kwargs)] * num_envs
+        env_fns = [_env_fn(spec, EnvMaker(spec.id, env_kwargs, wrappers, **kwargs))] * num_envs
         try:
             return LeanSyncVectorEnv(env_fns, infos)
         except TypeError:  # observations it does not handle: rlstore refuses them later
             return gym.vector.SyncVectorEnv(env_fns)
-    wrappers = [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
+    # the user's wrappers first, each as a picklable call (async workers get them)
+    layers = [functools.partial(wrap, wrappers=tuple(wrappers))] if wrappers else []
+    layers += [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
     if mode == "async":
-        wrappers.append(WorkerAccess)
-    envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=wrappers,
-                        **kwargs)  # fmt: skip
+        layers.append(WorkerAccess)
+    envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=layers,
+                        **kwargs, **env_kwargs)  # fmt: skip
     if mode == "async":  # (a copy: the class's own dict is shared)
         envs.metadata = {**envs.metadata, WORKER_ACCESS: True}
     return envs
@@ -351,7 +381,8 @@ def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.Ve
                         cfg.max_episode_steps, algorithm, infos=False,
                         sticky_actions=cfg.sticky_actions,
                         fire_on_life_loss=cfg.fire_on_life_loss,
-                        lean=cfg.use_fast_paths)  # fmt: skip
+                        lean=cfg.use_fast_paths, env_kwargs=parse_env_kwargs(cfg.env_kwargs),
+                        wrappers=cfg.wrapper)  # fmt: skip
     return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from rlstore import algos
 from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.config import not_a_run_dir
+from rlstore.custom_envs import EnvMaker, parse_env_kwargs
 from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings
 from rlstore.errors import UsageError
 from rlstore.normalize import ObsNormalizer
@@ -206,8 +206,16 @@ def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.ve
         return make_vec_env(env_id, count, 0, max_episode_steps=max_steps,
             sticky_actions=config.get("sticky_actions", False),
             fire_on_life_loss=config.get("fire_on_life_loss", False))  # fmt: skip
+    return gym.vector.SyncVectorEnv([env_maker(spec, config)] * count)
+
+
+def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> EnvMaker:
+    """What makes one env as the run's config made them: its time limit, --env-kwargs and
+    --wrapper (rlstore/custom_envs.py)."""
+    max_steps = config.get("max_episode_steps")
     kwargs: dict[str, Any] = {"max_episode_steps": max_steps} if max_steps else {}
-    return gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id, **kwargs)] * count)
+    return EnvMaker(spec.id, parse_env_kwargs(config.get("env_kwargs", ())),
+                    config.get("wrapper", ()), **kwargs)  # fmt: skip
 
 
 def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:
@@ -218,9 +226,7 @@ def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:
         raise UsageError("video does not support Atari envs yet; run without it")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame renders; no sound device
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and no display
-    max_steps = config.get("max_episode_steps")
-    kwargs: dict[str, Any] = {"max_episode_steps": max_steps} if max_steps else {}
-    return gym.make(env_id, render_mode="rgb_array", **kwargs)
+    return env_maker(spec, config)(render_mode="rgb_array")
 
 
 def play_episodes(

@@ -69,3 +69,17 @@ class DiscreteTarget(gym.Env):
 for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10)):
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
+
+
+def make_bit_parity(**kwargs):
+    """An env made by a function, as rlstore.train(algo, env=make_bit_parity) takes it."""
+    return gym.wrappers.TimeLimit(BitParity(**kwargs), max_episode_steps=5)
+
+
+def reward_per_step(env):
+    """A wrapper as --wrapper takes it: reward 1 at every step, whatever the env's."""
+    return gym.wrappers.TransformReward(env, lambda _: 1.0)
+
+
+def not_a_wrapper(env):
+    return "not an env"

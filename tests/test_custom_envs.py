@@ -1,0 +1,131 @@
+"""The user's own environments: --env-kwargs, --wrapper, envs made by a function and
+rlstore.train from Python; what the run records rebuilds the same env for rlstore eval and
+resume; each mistake is one line."""
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import space_envs  # noqa: F401 (registers the test envs)
+from tiny_runs import only_run_dir
+
+import rlstore
+from rlstore.cli import main
+from rlstore.custom_envs import parse_env_kwargs
+from rlstore.errors import UsageError
+from rlstore.evaluate import evaluate
+
+TINY = dict(total_timesteps=512, num_steps=64, progress=False)
+
+
+def test_env_kwargs_are_python_literals_or_strings():
+    assert parse_env_kwargs(["is_slippery=False", "n=3", "p=0.5", "map_name=8x8",
+                             "name='4x4'", "shape=[1, 2]", "empty="]) == {
+        "is_slippery": False, "n": 3, "p": 0.5, "map_name": "8x8", "name": "4x4",
+        "shape": [1, 2], "empty": ""}  # fmt: skip
+    for bad in ("is_slippery", "=3", "not a name=1"):
+        with pytest.raises(UsageError, match="--env-kwargs takes KEY=VALUE items"):
+            parse_env_kwargs([bad])
+
+
+def test_kwargs_and_wrappers_are_recorded_and_eval_rebuilds_the_env(tmp_path, capsys):
+    """An 8x8 lake (64 states, from the kwargs) whose every step pays 1 (the wrapper):
+    config.json keeps both, and `rlstore eval` plays the same env, so each episode's return
+    is its length."""
+    logdir = str(tmp_path / "runs")
+    code = main(["train", "ppo", "--env", "FrozenLake-v1", "--env-kwargs", "map_name=8x8",
+                 "is_slippery=True", "--wrapper", "space_envs:reward_per_step",
+                 "--total-timesteps", "512", "--num-steps", "64", "--logdir", logdir,
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    run_dir = only_run_dir(logdir)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["env_kwargs"] == ["map_name=8x8", "is_slippery=True"]
+    assert config["wrapper"] == ["space_envs:reward_per_step"]
+    policy = rlstore.load_policy(run_dir)
+    assert policy.info["observation"] == {"type": "discrete", "n": 64, "start": 0}
+    result = evaluate(run_dir, episodes=4)
+    assert result["returns"] == [float(n) for n in result["lengths"]]
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "2"]) == 0
+
+
+def test_wrappers_apply_in_order_with_every_vectorization(tmp_path):
+    for vectorization in ("sync", "async"):
+        result = rlstore.train(
+            "a2c", env="space_envs:BitParity-v0", vectorization=vectorization,
+            wrapper=("space_envs:reward_per_step",), num_envs=2, total_timesteps=100,
+            logdir=str(tmp_path), progress=False,
+        )  # fmt: skip
+        assert set(result.episode_returns) == {5.0}  # five steps, 1 each
+
+
+def test_an_env_made_by_a_function_trains_from_python_and_evaluates_from_the_cli(tmp_path, capsys):
+    result = rlstore.train("ppo", env=space_envs.make_bit_parity, logdir=str(tmp_path), **TINY)
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert config["env_id"] == "space_envs:make_bit_parity"
+    capsys.readouterr()
+    assert main(["eval", str(result.run_dir), "--episodes", "3"]) == 0
+    assert "eval ppo space_envs:make_bit_parity (3 episodes" in capsys.readouterr().out
+    cfg = rlstore.resolve("ppo", config["env_id"], {"logdir": str(tmp_path), **TINY})[0]
+    assert rlstore.train_ppo(cfg, resume=result.run_dir).global_step == result.global_step
+
+
+def test_learns_the_slippery_free_lake(tmp_path):
+    """PPO on FrozenLake-v1 with is_slippery=False: every evaluation episode reaches the
+    goal in the 6 steps of a shortest path."""
+    result = rlstore.train(
+        "ppo", env="FrozenLake-v1", env_kwargs=("is_slippery=False",), total_timesteps=10_000,
+        logdir=str(tmp_path), progress=False,
+    )  # fmt: skip
+    scores = evaluate(result.run_dir, episodes=5)
+    assert scores["returns"] == [1.0] * 5 and scores["lengths"] == [6] * 5
+
+
+def make_in_a_function():
+    return gym.make("CartPole-v1")
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (gym.make("CartPole-v1"), "not an env object: pass e.g. env=make_env, not make_env()"),
+        (lambda: gym.make("CartPole-v1"), "cannot be found again by rlstore eval or resume"),
+        (3, "env= takes an env id or a function, not a int"),
+    ],
+)
+def test_train_from_python_refuses_what_it_cannot_record(env, message, tmp_path):
+    with pytest.raises(UsageError, match=message):
+        rlstore.train("ppo", env=env, logdir=str(tmp_path))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-kwargs", "slippery=False"], "FrozenLake-v1 does not take --env-kwargs slippery"),
+        (["--env-kwargs", "slippery"], "--env-kwargs takes KEY=VALUE items, got 'slippery'"),
+        (["--wrapper", "nowhere_module:wrap"], "--wrapper nowhere_module:wrap: cannot import"),
+        (["--wrapper", "space_envs:missing"], "module 'space_envs' has no 'missing'"),
+        (["--wrapper", "space_envs"], "--wrapper takes module:Callable, got 'space_envs'"),
+        (["--wrapper", "space_envs:not_a_wrapper"], "returned str, not a gymnasium Env"),
+        (["--wrapper", "space_envs:BitParity.metadata"], "'BitParity.metadata' is a dict"),
+        (["--vectorization", "native", "--wrapper", "space_envs:reward_per_step"],
+         "--vectorization native cannot build FrozenLake-v1"),
+    ],
+)  # fmt: skip
+def test_custom_env_mistakes_are_one_line(args, message, tmp_path, capsys):
+    logdir = tmp_path / "runs"
+    code = main(["train", "ppo", "--env", "FrozenLake-v1", *args, "--logdir", str(logdir),
+                 "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
+    assert not Path(logdir).exists()
+
+
+def test_an_unknown_id_names_the_custom_env_forms(tmp_path, capsys):
+    code = main(["train", "ppo", "--env", "MyOwnEnv-v0", "--logdir", str(tmp_path)])
+    assert code == 2
+    assert "an env of your own: --env module:EnvId" in capsys.readouterr().err
