@@ -111,7 +111,7 @@ def env_id_of(env: Any) -> str:
     function (or class) that returns an env, registered here as "module:name", which
     other processes (rlstore eval, resume) find by importing the module."""
     if isinstance(env, str):
-        return env
+        return with_its_module(env)
     if isinstance(env, gym.Env):
         raise UsageError(
             "env= takes an env id or a function that returns a new env (rlstore makes one "
@@ -127,6 +127,19 @@ def env_id_of(env: Any) -> str:
         )
     register_callable(module, name, env)
     return f"{module}:{name}"
+
+
+def with_its_module(env_id: str) -> str:
+    """An id registered by a module outside Gymnasium (the user's own, imported before
+    the run) as "module:id", so that a later process (rlstore eval, resume) imports the
+    module that registers it; other ids as they are."""
+    if ":" in env_id or env_id not in gym.registry:
+        return env_id
+    entry = gym.spec(env_id).entry_point
+    module = entry.partition(":")[0] if isinstance(entry, str) else entry.__module__
+    if module.split(".")[0] in ("gymnasium", "rlstore", "ale_py", "shimmy"):
+        return env_id
+    return f"{module}:{env_id}"
 
 
 def registered_id(module: str, name: str) -> str:

@@ -72,6 +72,22 @@ def test_an_env_made_by_a_function_trains_from_python_and_evaluates_from_the_cli
     assert rlstore.train_ppo(cfg, resume=result.run_dir).global_step == result.global_step
 
 
+def test_an_id_registered_by_a_module_of_the_user_records_the_module(tmp_path):
+    """space_envs registers BitParity-v0 on import: the run records space_envs:BitParity-v0,
+    which a process that never imported space_envs finds (rlstore eval)."""
+    result = rlstore.train("ppo", env="BitParity-v0", logdir=str(tmp_path), **TINY)
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert config["env_id"] == "space_envs:BitParity-v0"
+    eval_code = f"from rlstore.cli import main; raise SystemExit(main(['eval', '{result.run_dir}']))"
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", eval_code], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "eval ppo space_envs:BitParity-v0" in done.stdout
+
+
 def test_learns_the_slippery_free_lake(tmp_path):
     """PPO on FrozenLake-v1 with is_slippery=False: every evaluation episode reaches the
     goal in the 6 steps of a shortest path."""
