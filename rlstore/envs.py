@@ -143,9 +143,11 @@ def check_spaces(
             f"{action_space}{offer}"
         )
     box_1d = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
-    if not (isinstance(action_space, spaces.Discrete) or box_1d):
+    several = isinstance(action_space, (spaces.MultiDiscrete, spaces.MultiBinary))
+    if not (isinstance(action_space, spaces.Discrete) or box_1d or several):
         raise UsageError(
-            f"{env_id} has action space {action_space}; rlstore takes Discrete and 1-d Box actions"
+            f"{env_id} has action space {action_space}; rlstore takes Discrete, 1-d Box, "
+            "MultiDiscrete and MultiBinary actions"
         )
 
 

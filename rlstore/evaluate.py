@@ -130,6 +130,8 @@ class Policy:
         else:
             action = self.network.act(x)[0]
         action = action.cpu().numpy()
+        if getattr(self.network, "head", None) is not None:  # MultiDiscrete, MultiBinary
+            action = self.network.head.env_action(action)
         if self.info.get("continuous"):
             action = np.clip(action, self.info["action_low"], self.info["action_high"])
         return action[0] if single else action

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from rlstore.action_heads import head_for, head_from_spec
 from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
     FlatEncoder,
     describe_space,
@@ -107,8 +109,12 @@ class ActorCritic(nn.Module):
         hidden: tuple[int, ...] = (64, 64),
         fast: bool = True,
         encoder: nn.Module | None = None,
+        head: Any = None,
     ) -> None:
         super().__init__()
+        # MultiDiscrete and MultiBinary actions: their head (rlstore/action_heads.py)
+        self.head = head
+        action_dim = action_dim if head is None else head.out_dim
         self.action_dim, self.continuous, self.hidden = action_dim, continuous, tuple(hidden)
         # the observation's encoder (rlstore/encoders.py), shared by actor and critic
         self.encoder = FlatEncoder((obs_dim,)) if encoder is None else encoder
@@ -119,7 +125,7 @@ class ActorCritic(nn.Module):
         path = SequentialRunner if fast else ModuleCalls
         self.actor_path, self.critic_path = path(self.actor), path(self.critic)
         self.act_on_host: HostActorCritic | None = None
-        if fast and hasattr(self.encoder, "host"):  # act() in numpy for host observations
+        if fast and hasattr(self.encoder, "host") and head is None:  # act() in numpy
             self.act_on_host = HostActorCritic(
                 self.actor_path,
                 self.critic_path,
@@ -128,14 +134,16 @@ class ActorCritic(nn.Module):
             )
 
     def spec_args(self) -> dict:
+        head = {"action_head": self.head.spec()} if self.head is not None else {}
         return {"action_dim": self.action_dim, "continuous": self.continuous,
-                "hidden": list(self.hidden)}  # fmt: skip
+                "hidden": list(self.hidden), **head}  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict) -> ActorCritic:
         encoder = encoder_from_description(description_of_spec(spec))
         hidden = tuple(spec.get("hidden", (64, 64)))  # (older model files: the default)
-        return cls(0, spec["action_dim"], spec["continuous"], hidden, encoder=encoder)
+        return cls(0, spec["action_dim"], spec["continuous"], hidden, encoder=encoder,
+                   head=head_from_spec(spec.get("action_head")))  # fmt: skip
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         return self.encoder(obs)
@@ -148,7 +156,9 @@ class ActorCritic(nn.Module):
         """Sample actions; returns (action, log_prob, value)."""
         x = self._features(obs)
         out = self.actor_path(x)
-        if self.continuous:
+        if self.head is not None:
+            action, log_prob = self.head.sample(out)
+        elif self.continuous:
             action, log_prob = sample_gaussian(out, self.actor_logstd)
         else:
             action, log_prob = sample_categorical(out)
@@ -160,13 +170,18 @@ class ActorCritic(nn.Module):
         """(log_prob of `action`, entropy, value) under the current parameters."""
         x = self._features(obs)
         out = self.actor_path(x)
-        log_std = self.actor_logstd if self.continuous else None
-        log_prob, entropy = log_prob_and_entropy(out, action, log_std)
+        if self.head is not None:
+            log_prob, entropy = self.head.log_prob_and_entropy(out, action)
+        else:
+            log_std = self.actor_logstd if self.continuous else None
+            log_prob, entropy = log_prob_and_entropy(out, action, log_std)
         return log_prob, entropy, self.critic_path(x).squeeze(-1)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The mode of the policy: argmax logits, or the Gaussian mean."""
         out = self.actor_path(self._features(obs))
+        if self.head is not None:
+            return self.head.mode(out)
         return out if self.continuous else out.argmax(-1)
 
 
@@ -372,12 +387,18 @@ def actor_critic_for(obs_space, action_space, fast: bool = True,
     if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
         return CnnActorCritic(obs_space.shape, int(action_space.n))
     encoder = encoder_for(obs_space)
+    head = head_for(action_space)
+    if head is not None:  # MultiDiscrete, MultiBinary
+        return ActorCritic(0, 0, hidden=hidden, fast=fast, encoder=encoder, head=head)
     if isinstance(action_space, spaces.Discrete):
         return ActorCritic(0, int(action_space.n), hidden=hidden, fast=fast, encoder=encoder)
     if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
         return ActorCritic(0, action_space.shape[0], continuous=True, hidden=hidden, fast=fast,
                            encoder=encoder)  # fmt: skip
-    raise ValueError(f"unsupported action space {action_space}: use Discrete or a 1-d Box")
+    raise ValueError(
+        f"unsupported action space {action_space}: use Discrete, a 1-d Box, MultiDiscrete "
+        "or MultiBinary"
+    )
 
 
 class CnnActorCritic(nn.Module):
@@ -387,6 +408,7 @@ class CnnActorCritic(nn.Module):
 
     SPEC_NAME = "cnn_actor_critic"
     continuous = False
+    head = None  # (Discrete actions only)
     act_on_host = None  # (no numpy twin: the convolutions are torch's)
 
     def __init__(self, obs_shape: tuple[int, ...], action_dim: int) -> None:

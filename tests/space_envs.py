@@ -66,7 +66,49 @@ class DiscreteTarget(gym.Env):
         return self._observe(), reward, False, False, {}
 
 
-for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10)):
+class PickTwo(gym.Env):
+    """Discrete(3) states; MultiDiscrete actions [3 from 1, 2]: one point for the first
+    entry at state + 1, one for the second at the state's parity."""
+
+    observation_space = spaces.Discrete(3)
+    action_space = spaces.MultiDiscrete([3, 2], start=[1, 0])
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(3))
+        return self.state
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action, dtype=np.int64)):
+            raise ValueError(f"PickTwo takes MultiDiscrete([3, 2], start=[1, 0]), got {action}")
+        reward = float(action[0] == self.state + 1) + float(action[1] == self.state % 2)
+        return self._observe(), reward, False, False, {}
+
+
+class CopyBits(gym.Env):
+    """MultiBinary(3) observations and actions: one point per bit copied."""
+
+    observation_space = spaces.MultiBinary(3)
+    action_space = spaces.MultiBinary(3)
+
+    def _observe(self):
+        self.bits = self.np_random.integers(0, 2, 3).astype(np.int8)
+        return self.bits
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float((np.asarray(action) == self.bits).sum())
+        return self._observe(), reward, False, False, {}
+
+
+for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10), (PickTwo, 5),
+                     (CopyBits, 5)):  # fmt: skip
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
 

@@ -78,7 +78,9 @@ def test_an_id_registered_by_a_module_of_the_user_records_the_module(tmp_path):
     result = rlstore.train("ppo", env="BitParity-v0", logdir=str(tmp_path), **TINY)
     config = json.loads((result.run_dir / "config.json").read_text())
     assert config["env_id"] == "space_envs:BitParity-v0"
-    eval_code = f"from rlstore.cli import main; raise SystemExit(main(['eval', '{result.run_dir}']))"
+    eval_code = (
+        f"from rlstore.cli import main; raise SystemExit(main(['eval', '{result.run_dir}']))"
+    )
     import subprocess
     import sys
 

@@ -65,8 +65,9 @@ def test_built_from_spaces():
     box = spaces.Box(-1, 1, (6,))
     assert not actor_critic_for(box, spaces.Discrete(5)).continuous
     assert actor_critic_for(box, spaces.Box(-2, 2, (3,))).continuous
+    assert actor_critic_for(box, spaces.MultiDiscrete([2, 3])).head.nvec == [2, 3]
     with pytest.raises(ValueError, match="unsupported action space"):
-        actor_critic_for(box, spaces.MultiDiscrete([2, 3]))
+        actor_critic_for(box, spaces.Box(-1, 1, (2, 2)))
 
 
 def test_deterministic_actor_critic_spec_keeps_its_critic_count():

@@ -23,6 +23,8 @@ CASES = [
     ("sac", "DiscreteTarget-v0"),
     ("td3", "DiscreteTarget-v0"),
     ("ddpg", "DiscreteTarget-v0"),
+    ("ppo", "PickTwo-v0"),
+    ("a2c", "CopyBits-v0"),
 ]
 
 
@@ -33,7 +35,7 @@ def test_a_run_on_the_space_resumes_bitwise_and_its_policy_plays(
     from rlstore import checkpoint
 
     # the test envs' state is plain attributes, as the saveable envs' (their class names)
-    test_envs = ("ColorImage", "BitParity", "DiscreteTarget")
+    test_envs = ("ColorImage", "BitParity", "DiscreteTarget", "PickTwo", "CopyBits")
     monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + test_envs)
     module, cfg = SETUPS[algo]
     cfg = replace(cfg, env_id=env_id, logdir=str(tmp_path), max_episode_steps=None)
@@ -43,6 +45,8 @@ def test_a_run_on_the_space_resumes_bitwise_and_its_policy_plays(
     obs_space = space or {"ColorImage-v0": space_envs.ColorImage.observation_space,
                           "BitParity-v0": space_envs.BitParity.observation_space,
                           "DiscreteTarget-v0": space_envs.DiscreteTarget.observation_space,
+                          "PickTwo-v0": space_envs.PickTwo.observation_space,
+                          "CopyBits-v0": space_envs.CopyBits.observation_space,
                           }[env_id]  # fmt: skip
     one = obs_space.sample()
     batch = np.stack([obs_space.sample() for _ in range(3)])
@@ -50,6 +54,17 @@ def test_a_run_on_the_space_resumes_bitwise_and_its_policy_plays(
     assert np.shape(actions)[0] == 3 and np.shape(action) == np.shape(actions)[1:]
     result = evaluate(full.run_dir, episodes=2)
     assert len(result["returns"]) == 2
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c"])
+def test_multi_discrete_and_multi_binary_actions_are_learnt(algo, tmp_path):
+    """PickTwo pays 2 a step to the best policy and 5/6 on average to a uniform one (5 steps
+    an episode); CopyBits 3 and 1.5. The env raises on an action outside its space."""
+    for env_id, best in (("PickTwo-v0", 10.0), ("CopyBits-v0", 15.0)):
+        result = rlstore.train(algo, env=env_id, total_timesteps=6000, logdir=str(tmp_path),
+                               progress=False, learning_rate=3e-3)  # fmt: skip
+        scores = evaluate(result.run_dir, episodes=4)
+        assert scores["returns"] == [best] * 4, (env_id, scores["returns"])
 
 
 def test_frozen_lake_is_stored_as_int64_states(tmp_path):

@@ -59,7 +59,7 @@ def build_actor_critic(
         cfg.num_steps,
         cfg.num_envs,
         obs_space.shape,
-        action_space.shape,
+        action_space.shape if agent.head is None else agent.head.stored_shape,
         obs_dtype=np.float32 if obs_norm else obs_space.dtype,
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
@@ -102,6 +102,8 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
             env_action = action.cpu().numpy()  # the env boundary: the one device -> host copy
         if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
             env_action = np.clip(env_action, space.low, space.high)
+        elif agent.head is not None:  # MultiDiscrete's start, MultiBinary's shape
+            env_action = agent.head.env_action(env_action)
         next_obs, reward, terminated, truncated, _ = envs.step(env_action)
         stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward

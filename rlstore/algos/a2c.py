@@ -147,6 +147,6 @@ ALGORITHM = Algorithm(
     summary="Advantage Actor-Critic (synchronous): one update per short rollout",
     config=A2CConfig,
     train=train,
-    action_spaces=(spaces.Discrete, spaces.Box),
+    action_spaces=(spaces.Discrete, spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary),
     networks=(ActorCritic, CnnActorCritic),
 )

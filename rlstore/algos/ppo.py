@@ -186,6 +186,6 @@ ALGORITHM = Algorithm(
     summary="Proximal Policy Optimization: clipped objective, GAE, minibatch epochs",
     config=PPOConfig,
     train=train,
-    action_spaces=(spaces.Discrete, spaces.Box),
+    action_spaces=(spaces.Discrete, spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary),
     networks=(ActorCritic, CnnActorCritic),
 )
