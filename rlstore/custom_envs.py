@@ -5,8 +5,8 @@ order, before rlstore's own wrappers (docs/guides/custom-envs.md). All three are
 the run's config.json, so `rlstore eval`, resume, suites and sweeps rebuild the same env.
 
 A function that returns an env (what `rlstore.train("ppo", env=make_env)` takes) is
-registered with Gymnasium under the id "module:name", which is also what the run records:
-any later process imports the module and finds the function again.
+registered with Gymnasium as "module.name" and recorded by the run as "module:name": any
+later process imports the module and finds the function again.
 """
 
 from __future__ import annotations
@@ -54,12 +54,18 @@ def load_callable(path: str, flag: str) -> Callable[..., Any]:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
         raise UsageError(f"{flag} {path}: cannot import module '{module_name}' ({e})") from None
-    for part in name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise UsageError(f"{flag} {path}: module '{module_name}' has no '{name}'")
+    obj = _attribute(obj, name)
+    if obj is None:
+        raise UsageError(f"{flag} {path}: module '{module_name}' has no '{name}'")
     if not callable(obj):
         raise UsageError(f"{flag} {path}: '{name}' is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _attribute(obj: Any, dotted: str) -> Any:
+    """obj.a.b for "a.b" (None where a part is missing)."""
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
     return obj
 
 
@@ -159,9 +165,7 @@ def register_callable(module: str, name: str, function: Callable[..., gym.Env]) 
 def callable_env(module_name: str, name: str) -> str | None:
     """For "module:name" naming a function (or class) that returns an env in a module
     already imported: register it, and return its registered id (None: no such callable)."""
-    obj: Any = importlib.import_module(module_name)
-    for part in name.split("."):
-        obj = getattr(obj, part, None)
+    obj = _attribute(importlib.import_module(module_name), name)
     if obj is None or not callable(obj) or isinstance(obj, gym.Env):
         return None
     return register_callable(module_name, name, obj)

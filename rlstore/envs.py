@@ -117,7 +117,8 @@ def check_spaces(
 ) -> None:
     """What rlstore can train on: observations with an encoder (rlstore/encoders.py: Box
     vectors of any shape, images, Discrete, MultiDiscrete, MultiBinary), and the action
-    spaces `algorithm` takes (None: any algorithm's, Discrete or a 1-d Box)."""
+    spaces `algorithm` takes (None: any algorithm's: Discrete, a 1-d Box, MultiDiscrete,
+    MultiBinary)."""
     try:
         describe_space(obs_space)
     except UnsupportedSpace:
@@ -207,7 +208,7 @@ def make_vec_env(
             "rlstore's own preprocessing, docs/guides/atari.md); drop them"
         )
     if env_kwargs or wrappers:  # one env first: its mistakes as one line, before the copies
-        EnvMaker(spec.id, env_kwargs, wrappers, **_time_limit(max_episode_steps)).check()
+        EnvMaker(spec.id, env_kwargs, wrappers, **time_limit(max_episode_steps)).check()
     if is_atari(spec):
         envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
                                fire_on_life_loss)  # fmt: skip
@@ -312,7 +313,8 @@ def replayed(spec: gym.envs.registration.EnvSpec) -> bool:
     return str(spec.entry_point).rpartition(":")[2] in REPLAYED_ENVS
 
 
-def _time_limit(max_episode_steps: int | None) -> dict[str, Any]:
+def time_limit(max_episode_steps: int | None) -> dict[str, Any]:
+    """gym.make's keyword for a time limit of its own (none: the env's)."""
     return {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
 
 
@@ -346,7 +348,7 @@ def _make_gymnasium_vec_env(
         mode = "vector_entry_point"
     else:
         mode = vectorization
-    kwargs = _time_limit(max_episode_steps)
+    kwargs = time_limit(max_episode_steps)
     if mode == "sync" and lean:
         env_fns = [_env_fn(spec, EnvMaker(spec.id, env_kwargs, wrappers, **kwargs))] * num_envs
         try:

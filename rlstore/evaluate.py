@@ -16,7 +16,7 @@ from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.config import not_a_run_dir
 from rlstore.custom_envs import EnvMaker, parse_env_kwargs
-from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings
+from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time_limit
 from rlstore.errors import UsageError
 from rlstore.normalize import ObsNormalizer
 from rlstore.text import plural
@@ -214,10 +214,9 @@ def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.ve
 def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> EnvMaker:
     """What makes one env as the run's config made them: its time limit, --env-kwargs and
     --wrapper (rlstore/custom_envs.py)."""
-    max_steps = config.get("max_episode_steps")
-    kwargs: dict[str, Any] = {"max_episode_steps": max_steps} if max_steps else {}
     return EnvMaker(spec.id, parse_env_kwargs(config.get("env_kwargs", ())),
-                    config.get("wrapper", ()), **kwargs)  # fmt: skip
+                    config.get("wrapper", ()),
+                    **time_limit(config.get("max_episode_steps")))  # fmt: skip
 
 
 def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:

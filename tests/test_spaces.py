@@ -6,6 +6,7 @@ load_policy and `rlstore eval` play the saved policy."""
 import numpy as np
 import pytest
 import space_envs  # noqa: F401 (registers the test envs)
+import torch
 from gymnasium import spaces
 from tiny_runs import SETUPS, replace, resumes_bitwise
 
@@ -67,37 +68,37 @@ def test_multi_discrete_and_multi_binary_actions_are_learnt(algo, tmp_path):
         assert scores["returns"] == [best] * 4, (env_id, scores["returns"])
 
 
-def test_frozen_lake_is_stored_as_int64_states(tmp_path):
-    from rlstore.algos import ppo
-
+def stored_observations(algo, env_id, part, tmp_path, **changes):
+    """The observations tensor of the run's storage (`part`: "storage" or "buffer") after
+    a short run of the tiny setup of `algo` on `env_id`."""
+    module, cfg = SETUPS[algo]
     seen = {}
 
     class Look(rlstore.Callback):
         def on_iteration(self, run):
-            seen["obs"] = run.state.parts["storage"].obs
+            seen["obs"] = run.state.parts[part].obs
 
-    _, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, env_id="FrozenLake-v1", logdir=str(tmp_path), total_timesteps=512)
-    ppo.train(cfg, callbacks=[Look()])
-    assert seen["obs"].dtype == rlstore_int64() and seen["obs"].shape[2:] == ()
+    module.train(replace(cfg, env_id=env_id, logdir=str(tmp_path), **changes),
+                 callbacks=[Look()])  # fmt: skip
+    return seen["obs"]
 
 
-def rlstore_int64():
-    import torch
-
-    return torch.int64
+def test_frozen_lake_is_stored_as_int64_states(tmp_path):
+    obs = stored_observations("ppo", "FrozenLake-v1", "storage", tmp_path, total_timesteps=512)
+    assert obs.dtype == torch.int64 and obs.shape[2:] == ()
 
 
 def test_images_stay_uint8_in_the_replay_buffer(tmp_path):
-    from rlstore.algos import dqn
+    obs = stored_observations("dqn", "ColorImage-v0", "buffer", tmp_path, total_timesteps=600)
+    assert obs.dtype == torch.uint8 and tuple(obs.shape[2:]) == (7, 7, 3)
 
-    seen = {}
 
-    class Look(rlstore.Callback):
-        def on_iteration(self, run):
-            seen["obs"] = run.state.parts["buffer"].obs
-
-    _, cfg = SETUPS["dqn"]
-    cfg = replace(cfg, env_id="ColorImage-v0", logdir=str(tmp_path), total_timesteps=600)
-    dqn.train(cfg, callbacks=[Look()])
-    assert str(seen["obs"].dtype) == "torch.uint8" and tuple(seen["obs"].shape[2:]) == (7, 7, 3)
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "ppo_lstm"])
+def test_hidden_sets_the_widths_of_the_saved_policy(algo, tmp_path):
+    """--hidden 8 16: the actor's and critic's Linear layers, in the run's model.pt too."""
+    module, cfg = SETUPS[algo]
+    result = module.train(replace(cfg, logdir=str(tmp_path), hidden=(8, 16)))
+    network = rlstore.load_policy(result.run_dir).network
+    for mlp in (network.actor, network.critic):
+        widths = [layer.out_features for layer in mlp if isinstance(layer, torch.nn.Linear)]
+        assert widths[:-1] == [8, 16]
