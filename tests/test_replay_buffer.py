@@ -10,10 +10,19 @@ from hypothesis import strategies as st
 from rlstore import ReplayBuffer
 from rlstore.envs import make_vec_env
 from rlstore.storage import SumTree
+from tests import obs_layouts
+from tests.obs_layouts import LAYOUTS, decode, tensors_equal
 
 
-def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None, reset_prob=0.0):
-    """Add `steps` NEXT_STEP vector steps whose observations are unique ids.
+def buffer_of(layout, **kwargs):
+    """A buffer of one-number observations, plain or made of parts (tests/obs_layouts.py)."""
+    shapes = dict(obs_shape=obs_layouts.shape(layout, 1), obs_dtype=obs_layouts.dtype(layout))
+    return ReplayBuffer(**shapes, **kwargs)
+
+
+def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None, reset_prob=0.0, layout="box"):
+    """Add `steps` NEXT_STEP vector steps whose observations are unique ids (encoded as
+    `layout` says: tests/obs_layouts.py).
 
     With `reset_prob`, each env is also reset by hand before a step with that probability
     (a partial reset, as `envs.reset(options={"reset_mask": m})` does): its stream is cut
@@ -43,7 +52,8 @@ def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None, reset_prob=0.
         term = (kind < done_prob / 2) & ~prev_done
         trunc = (kind >= done_prob / 2) & (kind < done_prob) & ~prev_done
         reward = np.where(prev_done, 0.0, rng.normal(size=N)).astype(np.float32)
-        buffer.add(obs, rng.integers(0, 2, N), reward, next_obs, term, trunc)
+        encoded = obs_layouts.encode(layout, obs), obs_layouts.encode(layout, next_obs)
+        buffer.add(encoded[0], rng.integers(0, 2, N), reward, encoded[1], term, trunc)
         for e in range(N):
             if not prev_done[e]:
                 transitions[e].append(
@@ -53,15 +63,16 @@ def scalar_stream(buffer, steps, rng, done_prob=0.0, counter=None, reset_prob=0.
     return transitions
 
 
-def test_ring_wraps_and_counts():
-    buffer = ReplayBuffer(capacity=6, num_envs=2, obs_shape=(1,), seed=0)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_wraps_and_counts(layout):
+    buffer = buffer_of(layout, capacity=6, num_envs=2, seed=0)
     assert len(buffer) == 0 and not buffer.ready(1)
     rng = np.random.default_rng(0)
-    transitions = scalar_stream(buffer, 2, rng)
+    transitions = scalar_stream(buffer, 2, rng, layout=layout)
     assert len(buffer) == 4 and buffer.ready(4) and not buffer.ready(5)
-    scalar_stream(buffer, 5, rng, counter=[100])  # a new stream: a break row, then wrap
+    scalar_stream(buffer, 5, rng, counter=[100], layout=layout)  # a new stream: break, wrap
     assert len(buffer) == 6  # capacity reached, oldest overwritten
-    kept = buffer.sample(500).obs[:, 0].unique()
+    kept = torch.as_tensor(decode(layout, buffer.sample(500).obs)[:, 0]).unique()
     assert len(kept) == 6 and kept.min() >= 100 + 2 * 2  # only the newest 3 steps x 2 envs
     assert not {float(t[0]) for env in transitions for t in env} & set(kept.tolist())
 
@@ -151,23 +162,27 @@ def naive_n_step(transitions, n, gamma):
     done_prob=st.floats(0.0, 0.5),
     reset_prob=st.sampled_from([0.0, 0.1, 0.3]),
     seed=st.integers(0, 2**31),
+    layout=st.sampled_from(LAYOUTS),
 )
-def test_n_step_targets_match_naive_reference(n, num_envs, steps, done_prob, reset_prob, seed):
+def test_n_step_targets_match_naive_reference(
+    n, num_envs, steps, done_prob, reset_prob, seed, layout
+):
     """Random dones and random partial resets: every sampled target equals the naive one,
-    and nothing else (no pseudo-step, no break row) is ever sampled."""
+    and nothing else (no pseudo-step, no break row) is ever sampled. Observations made of
+    parts: every part of obs and next_obs (the true final one at a truncation) is the
+    right one."""
     rng = np.random.default_rng(seed)
-    buffer = ReplayBuffer(
-        capacity=1000, num_envs=num_envs, obs_shape=(1,), n_step=n, gamma=0.9, seed=seed
-    )
-    transitions = scalar_stream(buffer, steps, rng, done_prob, reset_prob=reset_prob)
+    buffer = buffer_of(layout, capacity=1000, num_envs=num_envs, n_step=n, gamma=0.9, seed=seed)
+    transitions = scalar_stream(buffer, steps, rng, done_prob, reset_prob=reset_prob,
+                                layout=layout)  # fmt: skip
     expected = naive_n_step(transitions, n, 0.9)
     assert len(buffer) == len(expected)
     batch = buffer.sample(3000)  # 3000 draws over at most 120 transitions: all of them
-    obs = batch.obs[:, 0].numpy()
+    obs = decode(layout, batch.obs)[:, 0]
     assert set(obs.tolist()) == set(expected)
     want = np.array([expected[o] for o in obs.tolist()], dtype=np.float64)
     np.testing.assert_allclose(batch.rewards.numpy(), want[:, 0], atol=1e-5)
-    np.testing.assert_array_equal(batch.next_obs[:, 0].numpy(), want[:, 1])
+    np.testing.assert_array_equal(decode(layout, batch.next_obs)[:, 0], want[:, 1])
     np.testing.assert_allclose(batch.discounts.numpy(), want[:, 2], rtol=1e-6)
     np.testing.assert_array_equal(batch.terminated.numpy(), want[:, 3].astype(bool))
 
@@ -417,14 +432,14 @@ def test_sum_tree_nodes_are_sums_of_their_leaves(size, updates, seed):
         assert np.all((found == expected) | (leaves[np.minimum(expected, size - 1)] == 0))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("prioritized", [False, True])
-def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_path):
+def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, layout, tmp_path):
     rng = np.random.default_rng(4)
-    kwargs = dict(
-        capacity=20, num_envs=2, obs_shape=(1,), n_step=3, prioritized=prioritized, seed=4
-    )
+    kwargs = dict(capacity=20, num_envs=2, n_step=3, prioritized=prioritized, seed=4)
+    kwargs |= dict(obs_shape=obs_layouts.shape(layout, 1), obs_dtype=obs_layouts.dtype(layout))
     buffer = ReplayBuffer(**kwargs)
-    scalar_stream(buffer, 15, rng, done_prob=0.3)
+    scalar_stream(buffer, 15, rng, done_prob=0.3, layout=layout)
     if prioritized:
         batch = buffer.sample(8)
         buffer.update_priorities(batch.indices, torch.as_tensor(rng.random(8)))
@@ -432,7 +447,7 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
     restored = ReplayBuffer(**kwargs)
     restored.load(tmp_path / "replay.pt")
     for name in buffer._tensors:
-        assert torch.equal(getattr(restored, name), getattr(buffer, name))
+        assert tensors_equal(getattr(restored, name), getattr(buffer, name))
     assert (restored.cursor, restored.added, len(restored)) == (
         buffer.cursor,
         buffer.added,
@@ -442,7 +457,13 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
         np.testing.assert_array_equal(restored.priorities.tree.nodes, buffer.priorities.tree.nodes)
         assert restored.priorities.max_priority == buffer.priorities.max_priority
     for a, b in zip(buffer.sample(16), restored.sample(16)):  # same RNG state: same batch
-        assert torch.equal(a, b)
+        assert tensors_equal(a, b)
+    # the stream goes on across the reload: no break row (compared part by part)
+    scalar_stream(buffer, 3, np.random.default_rng(5), counter=[30], layout=layout)
+    scalar_stream(restored, 3, np.random.default_rng(5), counter=[30], layout=layout)
+    assert restored.added == buffer.added
+    for name in buffer._tensors:
+        assert tensors_equal(getattr(restored, name), getattr(buffer, name))
     with pytest.raises(ValueError, match="prioritized and uniform"):
         ReplayBuffer(**{**kwargs, "prioritized": not prioritized}).load(tmp_path / "replay.pt")
     for name, other in [("n_step", 1), ("gamma", 0.5), ("alpha", 0.3)]:
@@ -450,17 +471,26 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, tmp_
             ReplayBuffer(**{**kwargs, name: other}).load(tmp_path / "replay.pt")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("prioritized, n_step", [(False, 1), (True, 3)])
-def test_sample_host_is_sample_as_numpy(prioritized, n_step):
+def test_sample_host_is_sample_as_numpy(prioritized, n_step, layout):
     """The same draws and values as sample(), as numpy arrays, for twin buffers."""
-    kwargs = dict(capacity=40, num_envs=2, obs_shape=(1,), n_step=n_step,
-                  prioritized=prioritized, seed=9)  # fmt: skip
-    buffers = [ReplayBuffer(**kwargs), ReplayBuffer(**kwargs)]
+    kwargs = dict(capacity=40, num_envs=2, n_step=n_step, prioritized=prioritized, seed=9)
+    buffers = [buffer_of(layout, **kwargs), buffer_of(layout, **kwargs)]
     for buffer in buffers:
-        scalar_stream(buffer, 50, np.random.default_rng(3), done_prob=0.2)
+        scalar_stream(buffer, 50, np.random.default_rng(3), done_prob=0.2, layout=layout)
     for _ in range(3):
         batch, host = buffers[0].sample(16, beta=0.5), buffers[1].sample_host(16, beta=0.5)
+        for name in ("obs", "next_obs"):
+            np.testing.assert_array_equal(decode(layout, getattr(batch, name)),
+                                          decode(layout, getattr(host, name)))  # fmt: skip
+        batch, host = (
+            batch._replace(obs=None, next_obs=None),
+            host._replace(obs=None, next_obs=None),
+        )
         for name, value in batch._asdict().items():
+            if value is None:
+                continue
             other = getattr(host, name)
             assert isinstance(other, np.ndarray), name
             assert other.dtype == value.numpy().dtype, name
@@ -513,11 +543,17 @@ def test_bad_arguments():
         dict(capacity=5000, num_envs=3, obs_shape=(4, 8, 8), obs_dtype=np.uint8, frame_stack=4),
         dict(capacity=64, num_envs=1, obs_shape=(2, 5, 5), obs_dtype=np.uint8, frame_stack=2,
              prioritized=True),
+        dict(capacity=300, num_envs=2, obs_shape=obs_layouts.shape("parts", 3),
+             obs_dtype=obs_layouts.dtype("parts")),
     ],
 )  # fmt: skip
 def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
     buffer = ReplayBuffer(**kwargs)
     obs = buffer.stacks.frames if buffer.frame_stack else buffer.obs
+    if isinstance(obs, dict):  # parts: vec float32, pixels uint8, code int64
+        parts = [obs["vec"], *obs["more"]]
+        assert [p.dtype for p in parts] == [torch.float32, torch.uint8, torch.int64]
+        obs = torch.cat([p.flatten().view(torch.uint8) for p in parts])
     host = [buffer.actions, buffer.rewards, buffer.terminated, buffer.truncated, buffer.valid,
             buffer.bridge]  # fmt: skip
     if buffer.frame_stack:

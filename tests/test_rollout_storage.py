@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from rlstore import RolloutStorage
+from rlstore.parts import map_parts
+from tests import obs_layouts
+from tests.obs_layouts import LAYOUTS, decode, encode, tensors_equal
 
 # Every test runs through the fast path and the reference (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("both_storage_paths")
@@ -12,9 +15,10 @@ pytestmark = pytest.mark.usefixtures("both_storage_paths")
 T, N = 6, 3
 
 
-def step_args(rng, obs_shape=(4,), obs_dtype=np.float32, term=None, trunc=None):
+def step_args(rng, obs_shape=(4,), obs_dtype=np.float32, term=None, trunc=None, layout="box"):
+    obs = rng.integers(0, 255, size=(N, *obs_shape)).astype(obs_dtype)
     return (
-        rng.integers(0, 255, size=(N, *obs_shape)).astype(obs_dtype),
+        obs if layout == "box" else encode(layout, obs),
         rng.integers(0, 2, size=N),
         rng.normal(size=N).astype(np.float32),
         rng.normal(size=N).astype(np.float32),
@@ -24,12 +28,19 @@ def step_args(rng, obs_shape=(4,), obs_dtype=np.float32, term=None, trunc=None):
     )
 
 
-def filled(rng, dones_every=None):
-    storage = RolloutStorage(T, N, obs_shape=(4,))
-    storage.reset(rng.normal(size=(N, 4)).astype(np.float32))
+def storage_of(layout, width=4):
+    """A storage of `width`-number observations, plain or made of parts
+    (tests/obs_layouts.py)."""
+    return RolloutStorage(T, N, obs_layouts.shape(layout, width),
+                          obs_dtype=obs_layouts.dtype(layout))  # fmt: skip
+
+
+def filled(rng, dones_every=None, layout="box"):
+    storage = storage_of(layout)
+    storage.reset(encode(layout, rng.normal(size=(N, 4))))
     for t in range(T):
         term = np.full(N, dones_every is not None and t % dones_every == 0)
-        storage.insert(*step_args(rng, term=term))
+        storage.insert(*step_args(rng, term=term, layout=layout))
     return storage
 
 
@@ -76,28 +87,30 @@ def test_insert_past_the_end_and_bad_inputs_raise_clear_errors():
         images.insert(*step_args(rng, obs_shape=(2,)))
 
 
-def test_after_update_carries_last_obs_and_episode_state():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_after_update_carries_last_obs_and_episode_state(layout):
     rng = np.random.default_rng(1)
-    storage = filled(rng)
+    storage = filled(rng, layout=layout)
     # The last step ends an episode: the next rollout's first step is a pseudo-step.
     storage.terminated[T - 1] = True
     storage.prev_done.fill_(True)
-    last_obs = storage.obs[T].clone()
+    last_obs = decode(layout, map_parts(lambda x: x[T].clone(), storage.obs))
     storage.after_update()
     assert storage.step == 0
-    torch.testing.assert_close(storage.current_obs, last_obs)
-    storage.insert(*step_args(rng))
+    np.testing.assert_array_equal(decode(layout, storage.current_obs), last_obs)
+    storage.insert(*step_args(rng, layout=layout))
     assert not storage.valid[0].any()
-    storage.insert(*step_args(rng))
+    storage.insert(*step_args(rng, layout=layout))
     assert storage.valid[1].all()
 
 
-def test_reset_forgets_episode_state():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reset_forgets_episode_state(layout):
     rng = np.random.default_rng(2)
-    storage = filled(rng, dones_every=1)
-    storage.reset(np.ones((N, 4), np.float32))
-    torch.testing.assert_close(storage.current_obs, torch.ones(N, 4))
-    storage.insert(*step_args(rng))
+    storage = filled(rng, dones_every=1, layout=layout)
+    storage.reset(encode(layout, np.ones((N, 4))))
+    np.testing.assert_array_equal(decode(layout, storage.current_obs), np.ones((N, 4)))
+    storage.insert(*step_args(rng, layout=layout))
     assert storage.valid[0].all()
 
 
@@ -125,14 +138,17 @@ def test_minibatches_cover_each_valid_index_exactly_once_per_epoch(num_minibatch
     assert orders[0] != orders[1]  # a fresh permutation each epoch
 
 
-def test_minibatches_rows_stay_aligned():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_minibatches_rows_stay_aligned(layout):
     rng = np.random.default_rng(4)
-    storage = filled(rng)
+    storage = filled(rng, layout=layout)
     storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
-    flat_obs = storage.obs[:T].reshape(-1, 4)
+    vec = storage.obs if layout == "box" else storage.obs["vec"]
+    flat_obs = vec[:T].reshape(-1, 4)
     flat_adv = storage.advantages.reshape(-1)
     for batch in storage.minibatches(4):
-        for obs, adv in zip(batch.obs, batch.advantages, strict=True):
+        obs_rows = torch.as_tensor(decode(layout, batch.obs))  # every part of the same row
+        for obs, adv in zip(obs_rows, batch.advantages, strict=True):
             index = int((flat_obs == obs).all(-1).nonzero()[0])
             assert float(flat_adv[index]) == float(adv)
 
@@ -158,42 +174,79 @@ def test_flatten_hands_valid_transitions_to_user_code():
     torch.testing.assert_close(data["returns"], data["advantages"] + data["values"])
 
 
-def test_state_dict_round_trip_is_exact():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_state_dict_round_trip_is_exact(layout):
     rng = np.random.default_rng(7)
-    storage = filled(rng, dones_every=2)
+    storage = filled(rng, dones_every=2, layout=layout)
     storage.compute_returns(np.ones(N, np.float32), 0.99, 0.95)
     state = storage.state_dict()
-    other = RolloutStorage(T, N, obs_shape=(4,))
+    other = storage_of(layout)
     other.load_state_dict(state)
     for name in RolloutStorage._TENSORS:
-        assert torch.equal(getattr(other, name), getattr(storage, name)), name
+        assert tensors_equal(getattr(other, name), getattr(storage, name)), name
     assert other.step == storage.step
     g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     for a, b in zip(storage.minibatches(2, g1), other.minibatches(2, g2), strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        assert all(tensors_equal(x, y) for x, y in zip(a, b, strict=True))
     with pytest.raises(ValueError, match="state 'obs'"):
-        RolloutStorage(T, N, obs_shape=(5,)).load_state_dict(state)
+        storage_of(layout, width=5).load_state_dict(state)
+    with pytest.raises(ValueError, match="state 'obs'"):
+        storage_of("parts" if layout == "box" else "box").load_state_dict(state)
 
 
+def stacked(fields):
+    """k steps' arguments, each field stacked along a new first axis (parts too)."""
+    if isinstance(fields[0], dict):
+        return {key: stacked([f[key] for f in fields]) for key in fields[0]}
+    if isinstance(fields[0], tuple):
+        return tuple(stacked(list(part)) for part in zip(*fields))
+    return np.stack(fields)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("split", [[6], [2, 4], [1, 1, 3, 1], [5, 1]])
-def test_insert_steps_is_insert_step_by_step(split):
+def test_insert_steps_is_insert_step_by_step(split, layout):
     """k steps in one insert_steps call leave the storage as k inserts do (dones in every
     position, so that each row's validity follows the one before), rejecting a call that
     would overflow the rollout."""
     rng = np.random.default_rng(7)
-    first = rng.normal(size=(N, 4)).astype(np.float32)
-    steps = [step_args(rng, term=rng.random(N) < 0.3, trunc=rng.random(N) < 0.2) for _ in range(T)]
-    one, many = RolloutStorage(T, N, (4,)), RolloutStorage(T, N, (4,))
+    first = encode(layout, rng.normal(size=(N, 4)))
+    steps = [step_args(rng, term=rng.random(N) < 0.3, trunc=rng.random(N) < 0.2, layout=layout)
+             for _ in range(T)]  # fmt: skip
+    one, many = storage_of(layout), storage_of(layout)
     one.reset(first)
     many.reset(first)
     for step in steps:
         one.insert(*step)
     done = 0
     for k in split:
-        many.insert_steps(*(np.stack(field) for field in zip(*steps[done : done + k])))
+        many.insert_steps(*(stacked(field) for field in zip(*steps[done : done + k])))
         done += k
     for name, value in one.state_dict().items():
         other = many.state_dict()[name]
-        assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
+        assert tensors_equal(value, other) if not isinstance(value, int | bool) else value == other
     with pytest.raises(IndexError, match="room for 0 more steps, not 1"):
-        many.insert_steps(*(np.stack(field) for field in zip(*steps[:1])))
+        many.insert_steps(*(stacked(field) for field in zip(*steps[:1])))
+
+
+def test_observations_made_of_parts_keep_their_dtypes_and_name_a_bad_part():
+    rng = np.random.default_rng(8)
+    storage = filled(rng, layout="parts")
+    assert storage.obs["vec"].dtype == torch.float32
+    assert [x.dtype for x in storage.obs["more"]] == [torch.uint8, torch.int64]
+    assert storage.obs["more"][0].shape == (T + 1, N, 2, 3)
+    storage.after_update()
+    before = storage.state_dict()
+    good = step_args(rng, layout="parts")
+    missing = {"vec": good[0]["vec"]}
+    wrong_dtype = {"vec": good[0]["vec"], "more": (good[0]["more"][0].astype(np.float32),
+                                                   good[0]["more"][1])}  # fmt: skip
+    for obs, message in [
+        (missing, r"next_obs must be a dict with keys \['more', 'vec'\], got \['vec'\]"),
+        (wrong_dtype, r"next_obs\['more'\]\[0\] has dtype torch.float32, expected torch.uint8"),
+        (good[0]["vec"], "next_obs must be a dict"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=message):
+            storage.insert(obs, *good[1:])
+        assert all(tensors_equal(before[k], v) for k, v in storage.state_dict().items()
+                   if k in RolloutStorage._TENSORS)  # fmt: skip

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstore.parts import check_parts, map_parts
+
 Array = torch.Tensor | np.ndarray
 
 
@@ -60,16 +62,25 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def load_tensors(owner: Any, names: tuple[str, ...], state: dict[str, Any]) -> None:
-    """Copy state[name] into owner.name for each name, in place, after checking them all."""
-    for name in names:
-        mine, theirs = getattr(owner, name), state[name]
+    """Copy state[name] into owner.name for each name, in place, after checking them all
+    (a tensor, or a tree of them: observations made of parts)."""
+
+    def check(theirs: Any, name: str, mine: torch.Tensor) -> torch.Tensor:
+        if not isinstance(theirs, torch.Tensor):
+            raise ValueError(f"{name} is a {type(theirs).__name__}, not a tensor")
         if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
             raise ValueError(
-                f"state '{name}' is {tuple(theirs.shape)} {theirs.dtype}, "
+                f"{name} is {tuple(theirs.shape)} {theirs.dtype}, "
                 f"this {type(owner).__name__} holds {tuple(mine.shape)} {mine.dtype}"
             )
+        return theirs
+
+    checked_state = {
+        name: check_parts(check, state[name], getattr(owner, name), f"state {name!r}")
+        for name in names
+    }
     for name in names:
-        getattr(owner, name).copy_(state[name])
+        map_parts(torch.Tensor.copy_, getattr(owner, name), checked_state[name])
 
 
 def torch_dtype(dtype: torch.dtype | np.dtype | type) -> torch.dtype:

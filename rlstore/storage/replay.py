@@ -26,6 +26,11 @@ padding the env put where its stream started. A row whose stacks can no longer b
 (its frames overwritten) is `lost`: still part of the n-step windows before it, never
 sampled.
 
+Observations made of parts (Dict and Tuple spaces; rlstore/parts.py) are kept part by
+part, each in its own dtype, with the same layout and rules: `obs_shape` and `obs_dtype`
+are then dicts or tuples of shapes and dtypes, and a batch's obs and next_obs dicts or
+tuples of tensors. A stream goes on where every part of its observation does.
+
 Prioritized replay (proportional, Schaul et al. 2016; storage/priorities.py): a sum tree
 over all (row, env) slots holds priority^alpha; invalid slots hold 0. New transitions get
 the maximum priority seen so far; importance weights (N * P(i))^-beta are divided by the
@@ -44,6 +49,7 @@ import numpy as np
 import torch
 
 from rlstore.files import atomic_save, safe_load
+from rlstore.parts import Tree, check_parts, is_shape, leaves, map_parts, map_shapes, take
 from rlstore.storage.arrays import Array, copy_in, host_array, load_tensors, to_device, torch_dtype
 from rlstore.storage.frame_stacks import FrameStacks
 from rlstore.storage.priorities import Priorities
@@ -58,10 +64,10 @@ class ReplayBatch(NamedTuple):
     `sample` fills it with tensors, `sample_host` with numpy arrays.
     """
 
-    obs: torch.Tensor | np.ndarray
+    obs: Tree
     actions: torch.Tensor | np.ndarray
     rewards: torch.Tensor | np.ndarray
-    next_obs: torch.Tensor | np.ndarray
+    next_obs: Tree
     terminated: torch.Tensor | np.ndarray
     discounts: torch.Tensor | np.ndarray
     weights: torch.Tensor | np.ndarray
@@ -74,6 +80,23 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype | np.dtype | type) -> int:
     return torch_dtype(dtype).itemsize
+
+
+def _fingerprint(obs: Tree) -> tuple[tuple[np.dtype, bytes], ...]:
+    """Each part's (dtype, bytes): comparing bytes is much faster than np.array_equal."""
+    if type(obs) is np.ndarray:
+        return ((obs.dtype, obs.tobytes()),)
+    return tuple((part.dtype, part.tobytes()) for part in leaves(obs))
+
+
+def _host_obs(given: Array, name: str, mine: torch.Tensor) -> np.ndarray:
+    """An observation part given for one row of `mine` (a part's storage), checked."""
+    return host_array(given, name, mine.shape[1:], mine.dtype)
+
+
+def _slots(obs: Array) -> Array:
+    """A part's (rows, num_envs, ...) storage seen as (slots, ...)."""
+    return obs.reshape(-1, *obs.shape[2:])
 
 
 class ReplayBuffer:
@@ -99,8 +122,8 @@ class ReplayBuffer:
     def memory_bytes(
         capacity: int,
         num_envs: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: torch.dtype | np.dtype | type = torch.float32,
+        obs_shape: tuple[int, ...] | Tree,
+        obs_dtype: torch.dtype | np.dtype | type | Tree = torch.float32,
         action_shape: tuple[int, ...] = (),
         action_dtype: torch.dtype | np.dtype | type = torch.int64,
         prioritized: bool = False,
@@ -115,7 +138,9 @@ class ReplayBuffer:
             obs, host = FrameStacks.memory_bytes(slots, num_envs, obs_shape, _itemsize(obs_dtype))
             host += slots  # lost
         else:
-            obs, host = slots * _numel(obs_shape) * _itemsize(obs_dtype), 0
+            per_slot = map_shapes(lambda shape, dtype: _numel(shape) * _itemsize(dtype),
+                                  obs_shape, obs_dtype)  # fmt: skip
+            obs, host = slots * sum(leaves(per_slot)), 0
         action = _numel(action_shape) * _itemsize(action_dtype)
         host += slots * (action + 4 + 4)  # action, float32 reward, four bool flags
         if prioritized:
@@ -126,8 +151,8 @@ class ReplayBuffer:
         self,
         capacity: int,
         num_envs: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: torch.dtype | np.dtype | type = torch.float32,
+        obs_shape: tuple[int, ...] | Tree,
+        obs_dtype: torch.dtype | np.dtype | type | Tree = torch.float32,
         action_shape: tuple[int, ...] = (),
         action_dtype: torch.dtype | np.dtype | type = torch.int64,
         device: torch.device | str = "cpu",
@@ -151,18 +176,19 @@ class ReplayBuffer:
         # is rounded up, never down.
         self.rows = -(-capacity // num_envs) + 1  # + the cursor row (newest next_obs only)
         self.capacity, self.num_envs = (self.rows - 1) * num_envs, num_envs
-        self.obs_shape, self.action_shape = tuple(obs_shape), tuple(action_shape)
+        self.obs_shape = tuple(obs_shape) if is_shape(obs_shape) else obs_shape
+        self.action_shape = tuple(action_shape)
         self.device = torch.device(device)
         self.sample_device = torch.device(sample_device) if sample_device else self.device
         self.n_step, self.gamma = n_step, gamma
         self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
         R, N = self.rows, num_envs
-        self.obs_dtype = torch_dtype(obs_dtype)
+        self.obs_dtype = map_shapes(lambda _, dtype: torch_dtype(dtype), self.obs_shape, obs_dtype)
         self.frame_stack = frame_stack
         self._host_names = self._HOST_TENSORS
         self.stacks: FrameStacks | None = None
         if frame_stack:
-            if self.obs_shape[:1] != (frame_stack,):
+            if not is_shape(self.obs_shape) or self.obs_shape[:1] != (frame_stack,):
                 raise ValueError(
                     f"frame_stack={frame_stack} needs observations of shape (frame_stack, H, W) "
                     f"with frame_stack >= 2, got {self.obs_shape}"
@@ -174,9 +200,10 @@ class ReplayBuffer:
             self.lost = torch.zeros((R, N), dtype=torch.bool)
             self._host_names = (*self._HOST_TENSORS, "lost")
         else:
-            self.obs = torch.zeros(
-                (R, N, *self.obs_shape), dtype=self.obs_dtype, device=self.device
-            )
+            self.obs = map_shapes(
+                lambda shape, dtype: torch.zeros((R, N, *shape), dtype=dtype, device=self.device),
+                self.obs_shape, self.obs_dtype,
+            )  # fmt: skip
         # Host tensors, written and read through numpy views (no torch call per field).
         self.actions = torch.zeros((R, N, *self.action_shape), dtype=torch_dtype(action_dtype))
         self.rewards = torch.zeros((R, N))
@@ -187,15 +214,15 @@ class ReplayBuffer:
         self._host = {name: getattr(self, name).numpy() for name in self._host_names}
         # A CPU buffer writes its observations through a numpy view too.
         flat_obs = not frame_stack and self.device.type == "cpu"
-        self._obs_view = self.obs.numpy() if flat_obs else None
+        self._obs_view = map_parts(torch.Tensor.numpy, self.obs) if flat_obs else None
         self.cursor = 0  # the row the next add writes
         self.added = 0  # rows written in total
         self._count = 0  # valid slots
         self.priorities = Priorities(R * N, alpha, priority_eps) if prioritized else None
         self.generator = np.random.default_rng(seed)
-        # The previous add's next_obs as (dtype, bytes): comparing bytes is much faster than
-        # np.array_equal at these sizes. None: unknown (fresh, or just loaded).
-        self._last_next_obs: tuple[np.dtype, bytes] | None = None
+        # The previous add's next_obs as _fingerprint gives it. None: unknown (fresh, or
+        # just loaded).
+        self._last_next_obs: tuple[tuple[np.dtype, bytes], ...] | None = None
         self._last_done = np.zeros(num_envs, dtype=bool)
         self._bridge_rows: set[int] = set()  # rows with a bridge (rare): n-step checks them
 
@@ -221,9 +248,14 @@ class ReplayBuffer:
         after a manual reset or with SAME_STEP autoreset), a break row keeps the previous
         next_obs and the transition goes into the row after it.
         """
-        N, obs_dtype = self.num_envs, self.obs_dtype
-        obs = host_array(obs, "obs", (N, *self.obs_shape), obs_dtype)
-        next_obs = host_array(next_obs, "next_obs", (N, *self.obs_shape), obs_dtype)
+        N = self.num_envs
+        if self.stacks is not None:
+            shape, dtype = (N, *self.obs_shape), self.obs_dtype
+            obs = host_array(obs, "obs", shape, dtype)
+            next_obs = host_array(next_obs, "next_obs", shape, dtype)
+        else:
+            obs = check_parts(_host_obs, obs, self.obs, "obs")
+            next_obs = check_parts(_host_obs, next_obs, self.obs, "next_obs")
         action = host_array(action, "action", (N, *self.action_shape), self.actions.dtype)
         reward = host_array(reward, "reward", (N,), torch.float32)
         terminated = host_array(terminated, "terminated", (N,), torch.bool)
@@ -243,7 +275,7 @@ class ReplayBuffer:
             valid = np.where(continues, ~self._last_done, True)
         self._put_obs((self.cursor + 1) % self.rows, next_obs, self.added + 1, previous=obs)
         self._advance(action, reward, terminated, truncated, valid)
-        self._last_next_obs = (next_obs.dtype, next_obs.tobytes())
+        self._last_next_obs = _fingerprint(next_obs)
         self._last_done = env_reset
 
     def add_one(
@@ -277,35 +309,43 @@ class ReplayBuffer:
         """Per env, whether the last add ended an episode (its next step is a pseudo-step)."""
         return self._last_done.copy()
 
-    def _continues(self, obs: np.ndarray) -> np.ndarray | None:
-        """Per env, whether `obs` is the previous add's next_obs (its stream goes on); None
-        when every env's does (the usual case, told at once by comparing bytes)."""
+    def _continues(self, obs: Tree) -> np.ndarray | None:
+        """Per env, whether `obs` is the previous add's next_obs, every part of it (its
+        stream goes on); None when every env's is (the usual case, told at once by
+        comparing bytes)."""
         N = self.num_envs
         if self.added == 0:
             return np.zeros(N, dtype=bool)
         if self._last_next_obs is None:  # just loaded: compare with the stored row, as stored
-            previous = self.stored_obs(self.cursor * N + np.arange(N)).cpu().numpy()
-            obs = obs.astype(previous.dtype, copy=False)  # (MuJoCo's float64 kept as float32)
-        elif (obs.dtype, obs.tobytes()) == self._last_next_obs:
-            return None
+            stored = self.stored_obs(self.cursor * N + np.arange(N))
+            previous = [part.cpu().numpy() for part in leaves(stored)]
+            # (MuJoCo's float64 kept as float32)
+            given = [o.astype(p.dtype, copy=False)
+                     for o, p in zip(leaves(obs), previous, strict=True)]  # fmt: skip
         else:
-            dtype, data = self._last_next_obs
-            previous = np.frombuffer(data, dtype=dtype)
-        if previous.dtype != obs.dtype:
-            return np.zeros(N, dtype=bool)
-        continues = (previous.reshape(N, -1) == obs.reshape(N, -1)).all(axis=1)
+            fingerprint = _fingerprint(obs)
+            if fingerprint == self._last_next_obs:
+                return None
+            previous = [np.frombuffer(data, dtype=dtype) for dtype, data in self._last_next_obs]
+            given = leaves(obs)
+        continues = np.ones(N, dtype=bool)
+        for before, now in zip(previous, given, strict=True):
+            if before.dtype != now.dtype:
+                return np.zeros(N, dtype=bool)
+            continues &= (before.reshape(N, -1) == now.reshape(N, -1)).all(axis=1)
         return None if continues.all() else continues
 
-    def _put_obs(
-        self, row: int, obs: np.ndarray, write: int, previous: np.ndarray | None = None
-    ) -> None:
+    def _put_obs(self, row: int, obs: Tree, write: int, previous: Tree | None = None) -> None:
         """Store the observations of `row` (the `write`-th row written); `previous` is the
         row above's, when the stream may go on from it."""
         if self.stacks is None:
-            if self._obs_view is not None:
+            if type(obs) is np.ndarray and self._obs_view is not None:  # the usual case
                 self._obs_view[row] = obs
+            elif self._obs_view is not None:
+                map_parts(lambda view, part: view.__setitem__(row, part), self._obs_view, obs)
             else:
-                copy_in(self.obs[row], torch.from_numpy(np.ascontiguousarray(obs)))
+                map_parts(lambda mine, part: copy_in(mine[row], torch.from_numpy(
+                    np.ascontiguousarray(part))), self.obs, obs)  # fmt: skip
             return
         lost, overwritten = self.stacks.put(row, obs, write, previous)
         self._mark_lost(lost)
@@ -341,13 +381,14 @@ class ReplayBuffer:
             ends = self._n_step(before)[3]
             self._mark_lost(before[np.isin(ends, lost)])
 
-    def stored_obs(self, flat: np.ndarray) -> torch.Tensor:
+    def stored_obs(self, flat: np.ndarray) -> Tree:
         """The observations of flat slots (row * num_envs + env), as stored or rebuilt."""
         if self.stacks is not None:
             return self.stacks.stacks(flat)
         if self._obs_view is not None:  # in host memory: numpy's gather costs less
-            return torch.from_numpy(self._obs_view.reshape(-1, *self.obs_shape)[flat])
-        return self.obs.view(-1, *self.obs_shape)[to_device(torch.from_numpy(flat), self.device)]
+            return map_parts(lambda view: torch.from_numpy(_slots(view)[flat]), self._obs_view)
+        index = to_device(torch.from_numpy(flat), self.device)
+        return map_parts(lambda obs: _slots(obs)[index], self.obs)
 
     def _advance(self, action, reward, terminated, truncated, valid, bridge=None) -> None:
         """Fill the cursor row's transition fields (its obs is in place), move the cursor on."""
@@ -402,14 +443,14 @@ class ReplayBuffer:
         if self.sample_device.type == "cpu":  # no copies: tensors on the numpy arrays
             rewards, discounts, weights = (torch.from_numpy(x) for x in scalars[:3])
             terminated = torch.from_numpy(terminated)
-        else:  # three host -> device copies: obs, float fields, actions
-            obs = to_device(obs, self.sample_device)
+        else:  # three host -> device copies (one per part): obs, float fields, actions
+            obs = map_parts(lambda part: to_device(part, self.sample_device), obs)
             rewards, discounts, weights, terminated = to_device(
                 torch.from_numpy(scalars), self.sample_device
             ).unbind()
             terminated = terminated.bool()
             actions = to_device(actions, self.sample_device)
-        obs, next_obs = obs.unbind()
+        obs, next_obs = take(obs, 0), take(obs, 1)
         return ReplayBatch(
             obs=obs,
             actions=actions,
@@ -427,12 +468,13 @@ class ReplayBuffer:
         if self._obs_view is None or self.frame_stack:
             raise ValueError("sample_host needs a buffer of flat observations in host memory")
         flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
-        obs = self._obs_view.reshape(-1, *self.obs_shape)[np.stack((flat, next_flat))]
+        both = np.stack((flat, next_flat))
+        obs = map_parts(lambda view: _slots(view)[both], self._obs_view)
         return ReplayBatch(
-            obs=obs[0],
+            obs=take(obs, 0),
             actions=self._host["actions"].reshape(-1, *self.action_shape)[flat],
             rewards=rewards.astype(np.float32),
-            next_obs=obs[1],
+            next_obs=take(obs, 1),
             terminated=terminated,
             discounts=discounts.astype(np.float32),
             weights=weights.astype(np.float32),
@@ -542,7 +584,9 @@ class ReplayBuffer:
         """The buffer's state. Host tensors are the live ones, not copies (as with
         nn.Module.state_dict): a 1M-transition Atari buffer is ~7 GB, and a copy for a
         checkpoint would double that. Save it before the buffer changes."""
-        state: dict[str, Any] = {name: getattr(self, name).cpu() for name in self._tensors}
+        state: dict[str, Any] = {
+            name: map_parts(torch.Tensor.cpu, getattr(self, name)) for name in self._tensors
+        }
         if self.stacks is not None:
             state.update(self.stacks.state_dict())
         state.update(

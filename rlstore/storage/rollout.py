@@ -17,6 +17,11 @@ Episode boundaries (docs/reference/episode-boundaries.md) under Gymnasium's NEXT
   pseudo-step returned, or the first after `reset`): a recurrent policy's state is zero
   before it.
 
+Observations made of parts (Dict and Tuple spaces; rlstore/parts.py) are kept part by
+part, each in its own dtype: `obs_shape` and `obs_dtype` are then dicts or tuples of
+shapes and dtypes, and `obs`, `current_obs` and the batches' `obs` dicts or tuples of
+tensors. Every rule above holds for each part.
+
 A recurrent policy (`recurrent_state_shape`) also stores the state each step's action was
 taken from, and `sequences` hands out minibatches of whole sequences (time-major, with
 the state at each sequence's start), so that the policy replays its recurrence exactly.
@@ -34,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from rlstore.parts import Tree, check_parts, is_shape, map_parts, map_shapes, take
 from rlstore.storage.arrays import (
     Array,
     checked,
@@ -80,10 +86,19 @@ def compute_gae(
     return advantages
 
 
+def _checked_obs(given: Array, name: str, mine: torch.Tensor) -> torch.Tensor:
+    """An observation part given for one row of `mine` (a part's storage), checked."""
+    return checked(given, name, mine.shape[1:], mine.dtype)
+
+
+def _host_obs(given: Array, name: str, mine: torch.Tensor) -> np.ndarray:
+    return host_array(given, name, mine.shape[1:], mine.dtype)
+
+
 class RolloutBatch(NamedTuple):
     """A flat minibatch: one row per valid transition."""
 
-    obs: torch.Tensor
+    obs: Tree
     actions: torch.Tensor
     log_probs: torch.Tensor
     values: torch.Tensor
@@ -98,7 +113,7 @@ class RecurrentBatch(NamedTuple):
     from; before each later step t the state is zeroed where `episode_starts[t]`. `valid`
     marks real transitions (pseudo-steps are False): losses average over those only."""
 
-    obs: torch.Tensor
+    obs: Tree
     actions: torch.Tensor
     log_probs: torch.Tensor
     values: torch.Tensor
@@ -130,9 +145,9 @@ class RolloutStorage:
         self,
         num_steps: int,
         num_envs: int,
-        obs_shape: tuple[int, ...],
+        obs_shape: tuple[int, ...] | Tree,
         action_shape: tuple[int, ...] = (),
-        obs_dtype: torch.dtype | np.dtype | type = torch.float32,
+        obs_dtype: torch.dtype | np.dtype | type | Tree = torch.float32,
         action_dtype: torch.dtype | np.dtype | type = torch.int64,
         device: torch.device | str = "cpu",
         fast: bool = True,
@@ -141,12 +156,15 @@ class RolloutStorage:
         if num_steps < 1 or num_envs < 1:
             raise ValueError(f"num_steps and num_envs must be >= 1, got {num_steps}, {num_envs}")
         self.num_steps, self.num_envs = num_steps, num_envs
-        self.obs_shape, self.action_shape = tuple(obs_shape), tuple(action_shape)
+        self.obs_shape = tuple(obs_shape) if is_shape(obs_shape) else obs_shape
+        self.action_shape = tuple(action_shape)
         self.device = torch.device(device)
         T, N, dev = num_steps, num_envs, self.device
-        self.obs = torch.zeros(
-            (T + 1, N, *self.obs_shape), dtype=torch_dtype(obs_dtype), device=dev
-        )
+        self.obs = map_shapes(
+            lambda shape, dtype: torch.zeros((T + 1, N, *shape), dtype=torch_dtype(dtype),
+                                             device=dev),
+            self.obs_shape, obs_dtype,
+        )  # fmt: skip
         self.actions = torch.zeros(
             (T, N, *self.action_shape), dtype=torch_dtype(action_dtype), device=dev
         )
@@ -177,7 +195,7 @@ class RolloutStorage:
         # numpy): a numpy assignment costs a fraction of a torch copy_ call, and the step
         # loop makes seven of them. fast=False keeps the torch code everywhere.
         self._views = (
-            {name: getattr(self, name).numpy() for name in self._INSERTED}
+            {name: map_parts(torch.Tensor.numpy, getattr(self, name)) for name in self._INSERTED}
             if self.device.type == "cpu" and fast
             else None
         )
@@ -190,14 +208,18 @@ class RolloutStorage:
     # -- writing ----------------------------------------------------------------------------
 
     @property
-    def current_obs(self) -> torch.Tensor:
+    def current_obs(self) -> Tree:
         """The observation the next action is taken at (a view into the storage)."""
-        return self.obs[self.step]
+        step = self.step
+        return map_parts(lambda obs: obs[step], self.obs)
 
     @property
-    def current_obs_on_host(self) -> np.ndarray | None:
+    def current_obs_on_host(self) -> Tree | None:
         """current_obs as a numpy view, when the storage is in host memory (else None)."""
-        return None if self._views is None else self._views["obs"][self.step]
+        if self._views is None:
+            return None
+        step = self.step
+        return map_parts(lambda obs: obs[step], self._views["obs"])
 
     @property
     def on_host(self) -> bool:
@@ -222,7 +244,8 @@ class RolloutStorage:
         self.episode_starts.fill_(True)
         self._returns_ready = False
         if obs is not None:
-            copy_in(self.obs[0], checked(obs, "obs", self.obs.shape[1:], self.obs.dtype))
+            obs = check_parts(_checked_obs, obs, self.obs, "obs")
+            map_parts(lambda mine, given: copy_in(mine[0], given), self.obs, obs)
 
     def insert(
         self,
@@ -262,8 +285,8 @@ class RolloutStorage:
             )
             return
         # Check everything before writing anything: a bad input leaves the storage as it was.
+        next_obs = check_parts(_checked_obs, next_obs, self.obs, "next_obs")
         fields = (
-            (self.obs[t + 1], checked(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)),
             (
                 self.actions[t],
                 checked(action, "action", self.actions.shape[1:], self.actions.dtype),
@@ -275,6 +298,7 @@ class RolloutStorage:
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
         lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
+        map_parts(lambda mine, given: copy_in(mine[t + 1], given), self.obs, next_obs)
         for destination, source in fields:
             copy_in(destination, source)
         copy_in(self.terminated[t], torch.from_numpy(term))
@@ -295,8 +319,8 @@ class RolloutStorage:
     ) -> None:
         """insert() for storage in host memory: the same checks, then numpy writes."""
         N, views = self.num_envs, self._views
+        next_obs = check_parts(_host_obs, next_obs, self.obs, "next_obs")
         arrays = (
-            ("obs", t + 1, host_array(next_obs, "next_obs", self.obs.shape[1:], self.obs.dtype)),
             ("actions", t, host_array(action, "action", self.actions.shape[1:],
                                       self.actions.dtype)),
             ("log_probs", t, host_array(log_prob, "log_prob", (N,), torch.float32)),
@@ -306,6 +330,10 @@ class RolloutStorage:
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
         lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
+        if type(next_obs) is np.ndarray:  # one part (the usual case): no tree walk
+            views["obs"][t + 1] = next_obs
+        else:
+            map_parts(lambda view, given: view.__setitem__(t + 1, given), views["obs"], next_obs)
         for name, row, array in arrays:
             views[name][row] = array
         views["terminated"][t] = term
@@ -343,8 +371,11 @@ class RolloutStorage:
                 f"RolloutStorage has room for {self.num_steps - t} more steps, not {k}; call "
                 "after_update() before inserting the next rollout"
             )
+        next_obs = check_parts(
+            lambda given, name, mine: host_array(given, name, (k, *mine.shape[1:]), mine.dtype),
+            next_obs, self.obs, "next_obs",
+        )  # fmt: skip
         fields = (
-            ("obs", t + 1, next_obs, (k, *self.obs.shape[1:]), self.obs.dtype),
             ("actions", t, actions, (k, *self.actions.shape[1:]), self.actions.dtype),
             ("log_probs", t, log_probs, (k, N), torch.float32),
             ("values", t, values, (k, N), torch.float32),
@@ -356,11 +387,21 @@ class RolloutStorage:
         term = host_array(terminated, "terminated", (k, N), torch.bool)
         trunc = host_array(truncated, "truncated", (k, N), torch.bool)
         arrays += [("terminated", t, term), ("truncated", t, trunc)]
-        for name, row, array in arrays:
-            if self._views is not None:
-                self._views[name][row : row + k] = array
+
+        def write(mine: torch.Tensor, view: np.ndarray | None, array: np.ndarray, row: int) -> None:
+            if view is not None:
+                view[row : row + k] = array
             else:
-                copy_in(getattr(self, name)[row : row + k], torch.from_numpy(array))
+                copy_in(mine[row : row + k], torch.from_numpy(array))
+
+        views = self._views or dict.fromkeys(("obs", *self._INSERTED))
+        if views["obs"] is None:
+            map_parts(lambda mine, array: write(mine, None, array, t + 1), self.obs, next_obs)
+        else:
+            map_parts(lambda mine, view, array: write(mine, view, array, t + 1),
+                      self.obs, views["obs"], next_obs)  # fmt: skip
+        for name, row, array in arrays:
+            write(getattr(self, name), views[name], array, row)
         if self._lives:
             self.life_lost[t : t + k] = False
         done = term | trunc
@@ -411,8 +452,11 @@ class RolloutStorage:
     def flatten(self) -> dict[str, torch.Tensor]:
         """The valid transitions of the rollout as flat tensors (pseudo-steps left out)."""
         keep = to_device(self.valid[: self.step].reshape(-1), self.device)
+
+        def flat(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(-1, *x.shape[2:])[keep]
+
         fields = {
-            "obs": self.obs[: self.step],
             "actions": self.actions[: self.step],
             "log_probs": self.log_probs[: self.step],
             "values": self.values[: self.step],
@@ -424,7 +468,9 @@ class RolloutStorage:
         if self._returns_ready:
             fields["advantages"] = self.advantages
             fields["returns"] = self.returns
-        return {k: v.reshape(-1, *v.shape[2:])[keep] for k, v in fields.items()}
+        step = self.step
+        obs = {"obs": map_parts(lambda x: flat(x[:step]), self.obs)}
+        return obs | {k: flat(v) for k, v in fields.items()}
 
     def minibatches(
         self, num_minibatches: int, generator: torch.Generator | None = None
@@ -443,8 +489,8 @@ class RolloutStorage:
             )
         order = torch.from_numpy(valid_index)[torch.randperm(len(valid_index), generator=generator)]
         order = to_device(order, self.device)
+        obs = map_parts(lambda x: x[:T].reshape(-1, *x.shape[2:]), self.obs)
         flat = (
-            self.obs[:T].reshape(-1, *self.obs_shape),
             self.actions.reshape(-1, *self.action_shape),
             self.log_probs.reshape(-1),
             self.values.reshape(-1),
@@ -452,7 +498,7 @@ class RolloutStorage:
             self.returns.reshape(-1),
         )
         for index in order.tensor_split(num_minibatches):
-            yield RolloutBatch(*(x[index] for x in flat))
+            yield RolloutBatch(take(obs, index), *(x[index] for x in flat))
 
     def sequences(
         self,
@@ -482,19 +528,22 @@ class RolloutStorage:
                 L, count, *x.shape[2:]
             )  # fmt: skip
 
-        fields = [chunked(x) for x in (self.obs, self.actions, self.log_probs, self.values,
+        obs = map_parts(chunked, self.obs)
+        fields = [chunked(x) for x in (self.actions, self.log_probs, self.values,
                                        self.advantages, self.returns)]  # fmt: skip
         flags = [to_device(chunked(x), self.device) for x in (self.valid, self.episode_starts)]
         starts = self.recurrent_states[::L].reshape(count, *self.recurrent_state_shape)
         order = to_device(torch.randperm(count, generator=generator), self.device)
         for index in order.tensor_split(num_minibatches):
             yield RecurrentBatch(
-                *(x[:, index] for x in fields), *(x[:, index] for x in flags), starts[index]
-            )
+                take(obs, (slice(None), index)),
+                *(x[:, index] for x in fields), *(x[:, index] for x in flags), starts[index],
+            )  # fmt: skip
 
     def after_update(self) -> None:
         """Start the next rollout from the last observation; episodes in progress carry on."""
-        self.obs[0].copy_(self.obs[self.step])
+        step = self.step
+        map_parts(lambda obs: obs[0].copy_(obs[step]), self.obs)
         self._starts[0] = self._starts[self.step]
         self.step = 0
         self._returns_ready = False
@@ -521,7 +570,9 @@ class RolloutStorage:
         return self._TENSORS + (("recurrent_states",) if self.recurrent_states is not None else ())
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {name: getattr(self, name).clone() for name in self._tensors()}
+        state: dict[str, Any] = {
+            name: map_parts(torch.Tensor.clone, getattr(self, name)) for name in self._tensors()
+        }
         state["step"] = self.step
         state["returns_ready"] = self._returns_ready
         return state
