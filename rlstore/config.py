@@ -91,6 +91,9 @@ class CommonConfig:
     """A wrapper of each env, module:Callable (a class or function that takes the env and
     returns the wrapped env); repeat the flag for more, applied in order, before rlstore's
     own (`--wrapper gymnasium.wrappers:FlattenObservation`)."""
+    drop_obs_keys: tuple[str, ...] = ()
+    """Keys of Dict observations to leave out, after the wrappers: parts rlstore cannot
+    encode, such as MiniGrid's text `mission` (`--drop-obs-keys mission`), or do not want."""
     sticky_actions: bool = False
     """Atari only: repeat the previous action with probability 0.25 (the v5 ids' default).
     Off by default, as in the published tables rlstore compares with."""

@@ -69,8 +69,9 @@ def _attribute(obj: Any, dotted: str) -> Any:
     return obj
 
 
-def wrap(env: gym.Env, wrappers: Sequence[str]) -> gym.Env:
-    """`env` wrapped by each "module:Callable" in order; each must return a gymnasium Env."""
+def wrap(env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = ()) -> gym.Env:
+    """`env` wrapped by each "module:Callable" in order (each must return a gymnasium
+    Env), then without the Dict observation keys `drop_keys` (--drop-obs-keys)."""
     for path in wrappers:
         wrapped = load_callable(path, "--wrapper")(env)
         if not isinstance(wrapped, gym.Env):
@@ -79,7 +80,26 @@ def wrap(env: gym.Env, wrappers: Sequence[str]) -> gym.Env:
                 "give a callable that takes the env and returns the wrapped env"
             )
         env = wrapped
-    return env
+    return without_keys(env, drop_keys) if drop_keys else env
+
+
+def without_keys(env: gym.Env, drop_keys: Sequence[str]) -> gym.Env:
+    """`env` whose Dict observations leave out the keys `drop_keys`."""
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Dict):
+        name = env.spec.id if env.spec else "this env"
+        raise UsageError(
+            f"--drop-obs-keys leaves keys out of Dict observations; {name}'s are {space}: "
+            "drop the option"
+        )
+    unknown = [key for key in drop_keys if key not in space.spaces]
+    if unknown or len(drop_keys) == len(space.spaces):
+        why = f"has no key {unknown[0]!r}" if unknown else "would have no key left"
+        raise UsageError(
+            f"--drop-obs-keys {' '.join(drop_keys)}: the observation {why} (its keys: "
+            f"{', '.join(space.spaces)})"
+        )
+    return gym.wrappers.FilterObservation(env, [k for k in space.spaces if k not in drop_keys])
 
 
 class EnvMaker:
@@ -88,13 +108,18 @@ class EnvMaker:
     workers."""
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[str] = (),
-                 **make_kwargs: Any) -> None:  # fmt: skip
+                 drop_keys: Sequence[str] = (), **make_kwargs: Any) -> None:  # fmt: skip
         self.env_id, self.env_kwargs, self.wrappers = env_id, dict(env_kwargs), tuple(wrappers)
-        self.make_kwargs = make_kwargs
+        self.drop_keys, self.make_kwargs = tuple(drop_keys), make_kwargs
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether each env is wrapped (--wrapper, --drop-obs-keys)."""
+        return bool(self.wrappers or self.drop_keys)
 
     def __call__(self, **more: Any) -> gym.Env:
         return wrap(gym.make(self.env_id, **self.make_kwargs, **self.env_kwargs, **more),
-                    self.wrappers)  # fmt: skip
+                    self.wrappers, self.drop_keys)  # fmt: skip
 
     def check(self) -> None:
         """Make one env and close it: a kwarg the env does not take, or a wrapper that

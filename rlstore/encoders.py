@@ -7,6 +7,8 @@ float features of a fixed width, `out_dim`, on which an algorithm's torso and he
     Discrete(n)                one-hot of width n              OneHotEncoder
     MultiDiscrete(nvec)        one-hots, concatenated          OneHotEncoder
     uint8 images (3 dims)      a CNN, scaled by 1/255 inside   ImageEncoder
+    Dict, Tuple of those       one encoder per part, their     CombinedEncoder
+                               features concatenated
 
 A network holds its encoder as `self.encoder`; model.pt keeps the space it was built for
 (`describe_space`), from which `encoder_from_description` rebuilds it. The encoders
@@ -72,6 +74,29 @@ class OneHotEncoder(nn.Module):
         out = np.zeros((len(obs), self.out_dim), dtype=np.float32)
         np.put_along_axis(out, columns, 1.0, axis=1)
         return out
+
+
+class CombinedEncoder(nn.Module):
+    """Dict and Tuple observations (nested too): one encoder per part, their features
+    concatenated in the space's order (SB3's CombinedExtractor). The observations come as
+    the env batches them: a dict (Dict) or a tuple (Tuple) of the parts' batches."""
+
+    def __init__(self, parts: dict[str, nn.Module] | list[nn.Module]) -> None:
+        super().__init__()
+        self.keys = list(parts) if isinstance(parts, dict) else list(range(len(parts)))
+        encoders = parts.values() if isinstance(parts, dict) else parts
+        self.parts = nn.ModuleDict({str(k): e for k, e in zip(self.keys, encoders, strict=True)})
+        self.out_dim = sum(e.out_dim for e in self.parts.values())
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        return torch.cat([self.parts[str(k)](obs[k]) for k in self.keys], dim=1)
+
+
+class HostCombinedEncoder(CombinedEncoder):
+    """A CombinedEncoder of parameter-free parts, with their numpy twin."""
+
+    def host(self, obs: Any) -> np.ndarray:
+        return np.concatenate([self.parts[str(k)].host(obs[k]) for k in self.keys], axis=1)
 
 
 def image_layout(shape: tuple[int, ...]) -> str:
@@ -154,23 +179,61 @@ def is_image(space: gym.Space) -> bool:
     return isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
 
+def has_image(space: gym.Space) -> bool:
+    """Whether the observations are images, or hold one as a part (Dict, Tuple)."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        return any(has_image(part) for part in _parts(space).values())
+    return is_image(space)
+
+
+def _parts(space: spaces.Dict | spaces.Tuple) -> dict[Any, gym.Space]:
+    return dict(space.spaces) if isinstance(space, spaces.Dict) else dict(enumerate(space))
+
+
 # -- spaces <-> descriptions <-> encoders ------------------------------------------------------
 
 
 class UnsupportedSpace(ValueError):
-    """An observation space rlstore cannot encode; its message says which and why."""
+    """An observation space rlstore cannot encode; its message says which and why,
+    `part` where it sits in a Dict or Tuple ("" for the whole space)."""
+
+    def __init__(self, message: str, part: str = "") -> None:
+        super().__init__(message)
+        self.part = part
 
 
-def stored_dtype(space: gym.Space) -> np.dtype:
+def stored_dtype(space: gym.Space) -> Any:
     """The dtype observations of `space` are stored in: float vectors as float32, the
-    rest (integers, uint8 images, binary) in their own dtype."""
+    rest (integers, uint8 images, binary) in their own dtype; for Dict and Tuple spaces a
+    dict or tuple of the parts' (rlstore/parts.py)."""
+    if isinstance(space, spaces.Dict):
+        return {k: stored_dtype(part) for k, part in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(stored_dtype(part) for part in space)
     dtype = np.dtype(space.dtype)
     return np.dtype(np.float32) if dtype.kind == "f" else dtype
 
 
-def describe_space(space: gym.Space) -> dict[str, Any]:
+def stored_shape(space: gym.Space) -> Any:
+    """The shape of one observation of `space`; for Dict and Tuple spaces a dict or tuple
+    of the parts' (rlstore/parts.py)."""
+    if isinstance(space, spaces.Dict):
+        return {k: stored_shape(part) for k, part in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(stored_shape(part) for part in space)
+    return tuple(space.shape)
+
+
+def describe_space(space: gym.Space, name: str = "") -> dict[str, Any]:
     """A JSON-able description of an observation space, which model.pt keeps and
-    `encoder_from_description` reads."""
+    `encoder_from_description` reads. `name`: where the space sits in a Dict or Tuple
+    (for the message of a part rlstore cannot encode)."""
+    if isinstance(space, spaces.Dict):
+        return {"type": "dict", "parts": {k: describe_space(part, f"{name}[{k!r}]")
+                                          for k, part in space.spaces.items()}}  # fmt: skip
+    if isinstance(space, spaces.Tuple):
+        parts = [describe_space(part, f"{name}[{i}]") for i, part in enumerate(space)]
+        return {"type": "tuple", "parts": parts}
     if isinstance(space, spaces.Discrete):
         return {"type": "discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, spaces.MultiDiscrete):
@@ -181,14 +244,37 @@ def describe_space(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, spaces.Box):
         kind = "image" if is_image(space) else "box"
         return {"type": kind, "shape": list(space.shape), "dtype": str(space.dtype)}
+    where = f"the observation's part {name}" if name else "the observation space"
     raise UnsupportedSpace(
-        f"observation space {space} ({type(space).__name__}) has no encoder in rlstore"
+        f"{where} is {space} ({type(space).__name__}), which rlstore cannot encode", name
     )
+
+
+def described_shape(description: dict[str, Any]) -> Any:
+    """The shape of one observation of a described space (a tree of shapes for Dict
+    and Tuple spaces, rlstore/parts.py)."""
+    kind = description["type"]
+    if kind == "dict":
+        return {k: described_shape(d) for k, d in description["parts"].items()}
+    if kind == "tuple":
+        return tuple(described_shape(d) for d in description["parts"])
+    if kind == "discrete":
+        return ()
+    if kind == "multi_discrete":
+        return tuple(np.shape(description["nvec"]))
+    return tuple(description["shape"])
 
 
 def encoder_from_description(description: dict[str, Any]) -> nn.Module:
     """The encoder of a described observation space (describe_space)."""
     kind = description["type"]
+    if kind in ("dict", "tuple"):
+        parts = description["parts"]
+        encoders = ({k: encoder_from_description(d) for k, d in parts.items()} if kind == "dict"
+                    else [encoder_from_description(d) for d in parts])  # fmt: skip
+        values = encoders.values() if kind == "dict" else encoders
+        host = all(hasattr(e, "host") for e in values)
+        return (HostCombinedEncoder if host else CombinedEncoder)(encoders)
     if kind == "discrete":
         return OneHotEncoder((description["n"],), (description["start"],))
     if kind == "multi_discrete":

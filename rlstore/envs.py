@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
 from rlstore.custom_envs import EnvMaker, callable_env, parse_env_kwargs, wrap
-from rlstore.encoders import UnsupportedSpace, describe_space, is_image
+from rlstore.encoders import UnsupportedSpace, describe_space, has_image
 from rlstore.errors import UsageError
 from rlstore.lean import LeanSyncVectorEnv
 from rlstore.partially_observable import register as register_partially_observable
@@ -116,23 +117,24 @@ def check_spaces(
     env_id: str, algorithm: Algorithm | None, obs_space: gym.Space, action_space: gym.Space
 ) -> None:
     """What rlstore can train on: observations with an encoder (rlstore/encoders.py: Box
-    vectors of any shape, images, Discrete, MultiDiscrete, MultiBinary), and the action
-    spaces `algorithm` takes (None: any algorithm's: Discrete, a 1-d Box, MultiDiscrete,
-    MultiBinary)."""
+    vectors of any shape, images, Discrete, MultiDiscrete, MultiBinary, and Dicts and
+    Tuples of those), and the action spaces `algorithm` takes (None: any algorithm's:
+    Discrete, a 1-d Box, MultiDiscrete, MultiBinary)."""
     try:
         describe_space(obs_space)
-    except UnsupportedSpace:
+    except UnsupportedSpace as e:
+        key = re.fullmatch(r"\['([^']*)'\]", e.part)  # a top-level Dict key
+        fix = (f"leave it out with --drop-obs-keys {key[1]}" if key
+               else "turn them into ones it takes with --wrapper module:Callable")  # fmt: skip
         raise UsageError(
-            f"{env_id} has observation space {obs_space}, which rlstore cannot encode (it "
-            "takes Box, Discrete, MultiDiscrete and MultiBinary observations); turn it into "
-            "one with a wrapper, --wrapper module:Callable (Dict and Tuple of those: "
-            "--wrapper gymnasium.wrappers:FlattenObservation)"
+            f"{env_id}: {e} (it takes Box, Discrete, MultiDiscrete and MultiBinary "
+            f"observations, and Dicts and Tuples of them); {fix}"
         ) from None
-    if algorithm is not None and is_image(obs_space) and not algorithm.image_observations:
+    if algorithm is not None and has_image(obs_space) and not algorithm.image_observations:
         others = [a.name for a in algos.all_algorithms() if a.image_observations]
         raise UsageError(
-            f"{algorithm.name.upper()} takes vector observations, not images such as "
-            f"{env_id}'s {obs_space.shape}; images train with {', '.join(others)}"
+            f"{algorithm.name.upper()} takes vector observations, not images such as those "
+            f"in {env_id}'s {obs_space}; images train with {', '.join(others)}"
         )
     if algorithm is not None and not algorithm.takes(action_space):
         kinds = " or ".join(kind.__name__ for kind in algorithm.action_spaces)
@@ -183,6 +185,7 @@ def make_vec_env(
     lean: bool = True,
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[str] = (),
+    drop_obs_keys: Sequence[str] = (),
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algorithm` can train on its spaces (check_spaces).
@@ -196,25 +199,26 @@ def make_vec_env(
     SyncVectorEnv.
     Atari games get their standard preprocessing and `life_lost` (rlstore/atari.py).
     `env_kwargs` go to each env's constructor and `wrappers` ("module:Callable") wrap each
-    env in order (rlstore/custom_envs.py); an env with wrappers is stepped one by one
-    (sync or async), not by a native vector env.
+    env in order (rlstore/custom_envs.py), then `drop_obs_keys` leaves keys out of its
+    Dict observations; an env wrapped so is stepped one by one (sync or async), not by a
+    native vector env.
     """
     spec = check_env_id(env_id)
     route_mujoco_warnings(spec)
     env_kwargs = env_kwargs or {}
-    if is_atari(spec) and (env_kwargs or wrappers):
+    if is_atari(spec) and (env_kwargs or wrappers or drop_obs_keys):
         raise UsageError(
-            f"--env-kwargs and --wrapper do not apply to Atari games yet ({env_id} gets "
-            "rlstore's own preprocessing, docs/guides/atari.md); drop them"
+            f"--env-kwargs, --wrapper and --drop-obs-keys do not apply to Atari games yet "
+            f"({env_id} gets rlstore's own preprocessing, docs/guides/atari.md); drop them"
         )
-    if env_kwargs or wrappers:  # one env first: its mistakes as one line, before the copies
-        EnvMaker(spec.id, env_kwargs, wrappers, **time_limit(max_episode_steps)).check()
+    maker = EnvMaker(spec.id, env_kwargs, wrappers, drop_obs_keys, **time_limit(max_episode_steps))
+    if env_kwargs or maker.wrapped:  # one env first: its mistakes as one line, before copies
+        maker.check()
     if is_atari(spec):
         envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
                                fire_on_life_loss)  # fmt: skip
     else:
-        envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, max_episode_steps, infos,
-                                       lean, env_kwargs, wrappers)  # fmt: skip
+        envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, infos, lean, maker)
     try:
         check_spaces(env_id, algorithm, envs.single_observation_space, envs.single_action_space)
     except UsageError:
@@ -328,18 +332,16 @@ def _make_gymnasium_vec_env(
     spec: gym.envs.registration.EnvSpec,
     num_envs: int,
     vectorization: str,
-    max_episode_steps: int | None,
     infos: bool,
     lean: bool,
-    env_kwargs: dict[str, Any],
-    wrappers: Sequence[str],
+    maker: EnvMaker,
 ) -> gym.vector.VectorEnv:
     if vectorization == "auto":
         native = spec.vector_entry_point is not None and num_envs >= NATIVE_MIN_ENVS
-        mode = "vector_entry_point" if native and not wrappers else "sync"
+        mode = "vector_entry_point" if native and not maker.wrapped else "sync"
     elif vectorization == "native":
-        if spec.vector_entry_point is None or wrappers:
-            why = "with --wrapper, envs are wrapped one by one" if wrappers else (
+        if spec.vector_entry_point is None or maker.wrapped:
+            why = "with --wrapper, envs are wrapped one by one" if maker.wrapped else (
                 "it has no native vectorized implementation")  # fmt: skip
             raise UsageError(
                 f"--vectorization native cannot build {spec.id}: {why}; "
@@ -348,20 +350,20 @@ def _make_gymnasium_vec_env(
         mode = "vector_entry_point"
     else:
         mode = vectorization
-    kwargs = time_limit(max_episode_steps)
     if mode == "sync" and lean:
-        env_fns = [_env_fn(spec, EnvMaker(spec.id, env_kwargs, wrappers, **kwargs))] * num_envs
+        env_fns = [_env_fn(spec, maker)] * num_envs
         try:
             return LeanSyncVectorEnv(env_fns, infos)
         except TypeError:  # observations it does not handle: rlstore refuses them later
             return gym.vector.SyncVectorEnv(env_fns)
     # the user's wrappers first, each as a picklable call (async workers get them)
-    layers = [functools.partial(wrap, wrappers=tuple(wrappers))] if wrappers else []
+    layers = ([functools.partial(wrap, wrappers=maker.wrappers, drop_keys=maker.drop_keys)]
+              if maker.wrapped else [])  # fmt: skip
     layers += [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
     if mode == "async":
         layers.append(WorkerAccess)
     envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=layers,
-                        **kwargs, **env_kwargs)  # fmt: skip
+                        **maker.make_kwargs, **maker.env_kwargs)  # fmt: skip
     if mode == "async":  # (a copy: the class's own dict is shared)
         envs.metadata = {**envs.metadata, WORKER_ACCESS: True}
     return envs
@@ -386,7 +388,7 @@ def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.Ve
                         sticky_actions=cfg.sticky_actions,
                         fire_on_life_loss=cfg.fire_on_life_loss,
                         lean=cfg.use_fast_paths, env_kwargs=parse_env_kwargs(cfg.env_kwargs),
-                        wrappers=cfg.wrapper)  # fmt: skip
+                        wrappers=cfg.wrapper, drop_obs_keys=cfg.drop_obs_keys)  # fmt: skip
     return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
 
 

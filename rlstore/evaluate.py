@@ -16,9 +16,11 @@ from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.config import not_a_run_dir
 from rlstore.custom_envs import EnvMaker, parse_env_kwargs
+from rlstore.encoders import described_shape, description_of_spec
 from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time_limit
 from rlstore.errors import UsageError
 from rlstore.normalize import ObsNormalizer
+from rlstore.parts import as_tensors, first_part, is_shape, map_parts, shape_leaves, take
 from rlstore.text import plural
 
 
@@ -42,7 +44,7 @@ class Policy:
         self.info, self.algo, self.env_id = info, record["algo"], record["env_id"]
         self.config = record.get("config", {})
         self.global_step = record.get("global_step", 0)
-        self.obs_shape = tuple(info["obs_shape"])
+        self.obs_shape = described_shape(description_of_spec(info))  # a tree for Dict, Tuple
         saved = record.get("obs_normalizer")
         self.obs_normalizer = ObsNormalizer.from_state_dict(saved) if saved else None
         self.state: torch.Tensor | None = None  # a recurrent policy's, per batch row
@@ -77,13 +79,17 @@ class Policy:
         TD3): Q-values, and no V."""
         return hasattr(self.network, "q_values") and not self.greedy
 
-    def _batch(self, obs: np.ndarray) -> tuple[torch.Tensor, bool]:
-        obs = np.asarray(obs)
-        single = obs.shape == self.obs_shape
-        batch = obs[None] if single else obs
+    def _batch(self, obs: Any) -> tuple[Any, bool]:
+        if is_shape(self.obs_shape):
+            obs = np.asarray(obs)
+            single = obs.shape == self.obs_shape
+        else:  # Dict, Tuple: a batch when the first part has a batch axis
+            obs = map_parts(np.asarray, obs)
+            single = first_part(obs).shape == shape_leaves(self.obs_shape)[0]
+        batch = take(obs, None) if single else obs
         if self.obs_normalizer is not None:
             batch = self.obs_normalizer(batch)  # frozen: update=False
-        return torch.as_tensor(batch, device=self.device), single
+        return as_tensors(batch, self.device), single
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -92,7 +98,7 @@ class Policy:
             raise TypeError(f"a {self.algo} policy has Q-values, not a value: use q_values()")
         x, single = self._batch(obs)
         if self.recurrent:  # V at the current state, which it does not advance
-            value = self.network.value(x, self._recurrent_state(len(x))).cpu().numpy()
+            value = self.network.value(x, self._recurrent_state(len(first_part(x)))).cpu().numpy()
             return value[0] if single else value
         value = self.network.value(x).cpu().numpy()
         return value[0] if single else value
@@ -111,7 +117,7 @@ class Policy:
             if action is None:
                 action = self.network.deterministic_action(x)
             action = torch.as_tensor(np.asarray(action, dtype=np.float32), device=self.device)
-            q = self.network.q_values(x, action.reshape(len(x), -1)).cpu().numpy()
+            q = self.network.q_values(x, action.reshape(len(first_part(x)), -1)).cpu().numpy()
         return q[0] if single else q
 
     @torch.inference_mode()
@@ -120,7 +126,7 @@ class Policy:
         if self.greedy:
             action = self.network.q_values(x).argmax(-1)
         elif self.recurrent:
-            state = self._recurrent_state(len(x))
+            state = self._recurrent_state(len(first_part(x)))
             if deterministic:
                 action, self.state = self.network.deterministic_action(x, state)
             else:
@@ -215,7 +221,7 @@ def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> En
     """What makes one env as the run's config made them: its time limit, --env-kwargs and
     --wrapper (rlstore/custom_envs.py)."""
     return EnvMaker(spec.id, parse_env_kwargs(config.get("env_kwargs", ())),
-                    config.get("wrapper", ()),
+                    config.get("wrapper", ()), config.get("drop_obs_keys", ()),
                     **time_limit(config.get("max_episode_steps")))  # fmt: skip
 
 

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rlstore.parts import as_tensors, first_part
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -137,7 +139,7 @@ class GreedyActor:
         views = self.views()
         if not views:
             with torch.inference_mode():
-                x = torch.as_tensor(obs, device=self.views.weight.device)
+                x = as_tensors(obs, self.views.weight.device)
                 x = x.reshape(x.shape[0], -1).float() if self.encoder is None else self.encoder(x)
                 return self.path(x).argmax(-1).cpu().numpy()
         return numpy_mlp(host_features(obs, self.encoder), views, tanh=False).argmax(-1)
@@ -175,7 +177,7 @@ class HostActorCritic:
         actor, critic = self.actor(), self.critic()
         if not actor or not critic:
             return None
-        return self.sample(obs, actor, critic, self.noise(1, len(obs))[0])
+        return self.sample(obs, actor, critic, self.noise(1, len(first_part(obs)))[0])
 
     def noise(self, steps: int, num_envs: int) -> np.ndarray:
         """The random draws of `steps` calls for `num_envs` observations each, as float32

@@ -25,6 +25,7 @@ from rlstore.host_networks import (
     _rows,
     host_features,
 )
+from rlstore.parts import to_numpy
 
 
 class _ActorCriticPass:
@@ -82,7 +83,7 @@ class _ActorCriticPass:
 def _minibatch(batch: Any, cfg: Any, encoder: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(observations as the encoder's float32 rows, actions, advantages normalized as
     configured)."""
-    obs = host_features(batch.obs.numpy(), encoder)
+    obs = host_features(to_numpy(batch.obs), encoder)
     advantages = batch.advantages.numpy()
     if cfg.norm_adv and len(obs) > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)

@@ -30,6 +30,7 @@ from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
     nature_cnn,
 )
 from rlstore.host_networks import LOG_SQRT_2PI, HostActorCritic, SequentialRunner
+from rlstore.parts import Tree, as_tensors, first_part, map_parts, take
 
 
 def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,7 +206,7 @@ class RecurrentActorCriticBase(nn.Module):
 
     def _step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One step of the cores: (actor features, critic features, next state)."""
-        actor_out, critic_out, state = self._cores(self.encode(obs[None]), state)
+        actor_out, critic_out, state = self._cores(self.encode(take(obs, None)), state)
         return actor_out[0], critic_out[0], state
 
     def act(
@@ -243,7 +244,7 @@ class RecurrentActorCriticBase(nn.Module):
         """(log_prob, entropy, value), each (L, B), of `actions` along sequences of L steps
         of B envs (time-major) from `initial_state`, the state zeroed before each step t > 0
         where `episode_starts[t]`: the recurrence as collection ran it."""
-        L, B = obs.shape[:2]
+        L, B = first_part(obs).shape[:2]
         x = self.encode(obs)
         cuts = [t for t in range(1, L) if episode_starts[t].any()]  # where a state is zeroed
         state, actor_features, critic_features = initial_state, [], []
@@ -303,10 +304,11 @@ class RecurrentActorCritic(RecurrentActorCriticBase):
         return cls(0, spec["action_dim"], spec["continuous"], spec["lstm_hidden"], hidden,
                    encoder)  # fmt: skip
 
-    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+    def encode(self, obs: Tree) -> torch.Tensor:
         """The encoder's features of observations (L, B, ...): (L, B, features)."""
-        L, B = obs.shape[:2]
-        return self.encoder(obs.reshape(L * B, *obs.shape[2:])).view(L, B, -1)
+        L, B = first_part(obs).shape[:2]
+        flat = map_parts(lambda part: part.reshape(L * B, *part.shape[2:]), obs)
+        return self.encoder(flat).view(L, B, -1)
 
     def _cores(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Both LSTMs over x (L, B, obs_dim) from `state`: (actor features (L, B, H),
@@ -540,7 +542,7 @@ class QNetwork(nn.Module):
         """argmax Q for a batch of host observations (GreedyActor's reference)."""
         device = self.advantage.weight.device
         with torch.inference_mode():
-            x = self.encoder(torch.as_tensor(obs, device=device))
+            x = self.encoder(as_tensors(obs, device))
             return self.advantage_path(x).argmax(-1).cpu().numpy()
 
     def spec_args(self) -> dict:
@@ -557,7 +559,8 @@ class QNetwork(nn.Module):
 def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasium spaces
     """What rebuilds `network` (its class's from_spec) and clips its actions: kept in
     model.pt."""
-    spec = {"network": network.SPEC_NAME, "obs_shape": list(obs_space.shape),
+    shape = None if obs_space.shape is None else list(obs_space.shape)  # (None: Dict, Tuple)
+    spec = {"network": network.SPEC_NAME, "obs_shape": shape,
             "observation": describe_space(obs_space)}  # fmt: skip
     spec |= network.spec_args()
     if spec.get("continuous"):

@@ -40,6 +40,13 @@ def map_shapes(fn: Callable[..., Any], shapes: Tree, *trees: Tree) -> Tree:
     return tuple(map_shapes(fn, s, *(part(t, i) for t in trees)) for i, s in enumerate(shapes))
 
 
+def shape_leaves(shapes: Tree) -> list[tuple[int, ...]]:
+    """The shapes of a tree of shapes, in order."""
+    found: list[tuple[int, ...]] = []
+    map_shapes(found.append, shapes)
+    return found
+
+
 def map_parts(fn: Callable[..., Any], tree: Tree, *others: Tree) -> Tree:
     """fn(part, *other parts) for each part of `tree`; the other trees have its structure."""
     if isinstance(tree, dict):

@@ -65,6 +65,7 @@ from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.executor import RUNS_AT_ONCE, available_cores
 from rlstore.locks import DirectoryLock
 from rlstore.normalize import ObsNormalizer
+from rlstore.parts import map_parts
 from rlstore.text import plural, size
 
 
@@ -391,7 +392,7 @@ class TrainingState:
     def state_dict(self) -> dict[str, Any]:
         state = {"model": self.policy.state_dict(), "envs": env_state(self.envs)}
         if self.obs is not None:
-            state["obs"] = torch.from_numpy(np.array(self.obs))
+            state["obs"] = map_parts(lambda part: torch.from_numpy(np.array(part)), self.obs)
         return state | {name: part.state_dict() for name, part in self.parts.items()}
 
     def load_state_dict(self, state: dict[str, Any], seed: int) -> bool:
@@ -403,7 +404,7 @@ class TrainingState:
         if state["envs"] is not None and env_state_loads(state["envs"]):
             load_env_state(self.envs, state["envs"])
             if "obs" in state:
-                self.obs = state["obs"].numpy()
+                self.obs = map_parts(torch.Tensor.numpy, state["obs"])
             return True
         why = "cannot be saved" if state["envs"] is None else "was saved by another MuJoCo version"
         print(f"rlstore: {name} {why}; resuming with freshly reset envs", file=sys.stderr)

@@ -107,8 +107,98 @@ class CopyBits(gym.Env):
         return self._observe(), reward, False, False, {}
 
 
+class DictTarget(gym.Env):
+    """Dict observations, an image and a Discrete part: a 6x6x3 uint8 image lit in one
+    channel c, and an offset k in {0, 1}; reward 1 for action (c + k) % 3, which needs both
+    parts."""
+
+    observation_space = spaces.Dict(
+        {"image": spaces.Box(0, 255, (6, 6, 3), np.uint8), "offset": spaces.Discrete(2)}
+    )
+    action_space = spaces.Discrete(3)
+
+    def _observe(self):
+        self.channel, self.offset = (int(x) for x in self.np_random.integers(0, (3, 2)))
+        image = np.zeros((6, 6, 3), np.uint8)
+        image[..., self.channel] = 255
+        return {"image": image, "offset": self.offset}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == (self.channel + self.offset) % 3)
+        return self._observe(), reward, False, False, {}
+
+
+class TupleCount(gym.Env):
+    """Tuple observations (Discrete(3), MultiBinary(2)): reward 1 for action
+    (d + the number of bits set) % 3."""
+
+    observation_space = spaces.Tuple((spaces.Discrete(3), spaces.MultiBinary(2)))
+    action_space = spaces.Discrete(3)
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(3))
+        self.bits = self.np_random.integers(0, 2, 2).astype(np.int8)
+        return (self.state, self.bits)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == (self.state + int(self.bits.sum())) % 3)
+        return self._observe(), reward, False, False, {}
+
+
+class DictScale(gym.Env):
+    """Dict observations of a Discrete(5) state and a float scale in [0.5, 1], a continuous
+    action: reward -(a - scale * (s - 2) / 2)^2."""
+
+    observation_space = spaces.Dict(
+        {"state": spaces.Discrete(5), "scale": spaces.Box(0.5, 1.0, (1,), np.float32)}
+    )
+    action_space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(5))
+        self.scale = self.np_random.uniform(0.5, 1.0, 1).astype(np.float32)
+        return {"state": self.state, "scale": self.scale}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = -float((action[0] - self.scale[0] * (self.state - 2) / 2) ** 2)
+        return self._observe(), reward, False, False, {}
+
+
+class Mission(gym.Env):
+    """MiniGrid's shape: a Dict with a text `mission`, which rlstore cannot encode, beside
+    a Discrete(3) state; reward 1 for naming the state."""
+
+    observation_space = spaces.Dict({"mission": spaces.Text(12), "state": spaces.Discrete(3)})
+    action_space = spaces.Discrete(3)
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(3))
+        return {"mission": "namethestate", "state": self.state}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.state)
+        return self._observe(), reward, False, False, {}
+
+
 for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10), (PickTwo, 5),
-                     (CopyBits, 5)):  # fmt: skip
+                     (CopyBits, 5), (DictTarget, 5), (TupleCount, 5), (DictScale, 10),
+                     (Mission, 5)):  # fmt: skip
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
 

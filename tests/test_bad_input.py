@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import space_envs  # noqa: F401 (registers the test envs)
 
 from rlstore.cli import main
 
@@ -44,7 +45,24 @@ def run_main(args, logdir, capsys):
         (["ppx"], "unknown algorithm 'ppx'; did you mean 'ppo'?"),
         (["--env", "CartPole-v1", "ppo"], "name the algorithm first"),
         (["ppo", "--config", "fastest"], "--config 'fastest' is neither a file nor a packaged"),
-        (["ppo", "--env", "Blackjack-v1"], "Blackjack-v1 has observation space Tuple(Discrete(32)"),
+        (
+            ["ppo", "--env", "space_envs:Mission-v0"],
+            "Mission-v0: the observation's part ['mission'] is Text(",
+        ),
+        (["ppo", "--env", "space_envs:Mission-v0"], "; leave it out with --drop-obs-keys mission"),
+        (
+            ["ppo", "--env", "space_envs:Mission-v0", "--drop-obs-keys", "goal"],
+            "--drop-obs-keys goal: the observation has no key 'goal' (its keys: mission, state)",
+        ),
+        (
+            ["ppo", "--env", "space_envs:Mission-v0", "--drop-obs-keys", "mission", "state"],
+            "the observation would have no key left",
+        ),
+        (["ppo", "--drop-obs-keys", "x"], "--drop-obs-keys leaves keys out of Dict observations"),
+        (
+            ["sac", "--env", "space_envs:DictTarget-v0"],
+            "SAC takes vector observations, not images such as those in",
+        ),
         (["ppo", "--env", "FrozenLake-v1", "--norm-obs"], "--norm-obs normalizes float vector"),
         (["ppo", "--hidden", "0"], "--hidden needs one or more layer widths >= 1"),
         (["dqn", "--norm-obs"], "unknown option --norm-obs"),

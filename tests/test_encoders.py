@@ -9,19 +9,23 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from gymnasium.vector.utils import batch_space
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from rlstore.encoders import (
+    CombinedEncoder,
     FlatEncoder,
     ImageEncoder,
     UnsupportedSpace,
     describe_space,
+    described_shape,
     encoder_for,
     encoder_from_description,
     image_layout,
     stored_dtype,
+    stored_shape,
 )
 from rlstore.networks import (
     ActorCritic,
@@ -31,6 +35,7 @@ from rlstore.networks import (
     SquashedGaussianActorCritic,
     policy_spec,
 )
+from rlstore.parts import as_tensors
 
 
 def naive_one_hots(obs: np.ndarray, nvec: list[int], start: list[int]) -> np.ndarray:
@@ -128,10 +133,22 @@ def test_minigrid_sized_images_give_the_small_cnns_features():
     assert encoder.channels_last and encoder.out_dim == 64 * 4 * 4
 
 
+PAIR = spaces.Tuple((spaces.MultiBinary(2), spaces.Box(-1, 1, (2,))))
+DICT = spaces.Dict({"image": spaces.Box(0, 255, (7, 7, 3), np.uint8),
+                    "direction": spaces.Discrete(4), "pair": PAIR})  # fmt: skip
+TUPLE = spaces.Tuple((spaces.Discrete(32), spaces.Discrete(11), spaces.Discrete(2)))  # Blackjack
+
+
+def batch_of(space, n):
+    """n observations of `space` as a vector env batches them, as tensors."""
+    return as_tensors(batch_space(space, n).sample())
+
+
 @pytest.mark.parametrize(
     "space",
     [spaces.Discrete(4, start=1), spaces.MultiDiscrete([3, 2], start=[1, 0]),
-     spaces.MultiBinary(3), spaces.Box(-1, 1, (2, 3)), spaces.Box(0, 255, (7, 7, 3), np.uint8)],
+     spaces.MultiBinary(3), spaces.Box(-1, 1, (2, 3)), spaces.Box(0, 255, (7, 7, 3), np.uint8),
+     DICT, TUPLE],
 )  # fmt: skip
 def test_descriptions_rebuild_the_same_encoder(space):
     description = describe_space(space)
@@ -142,18 +159,47 @@ def test_descriptions_rebuild_the_same_encoder(space):
     a = encoder_for(space)
     b = encoder_from_description(description)
     b.load_state_dict(a.state_dict())
-    obs = torch.as_tensor(np.stack([space.sample() for _ in range(3)]))
+    obs = batch_of(space, 3)
     torch.testing.assert_close(a(obs), b(obs))
+    assert described_shape(description) == stored_shape(space)
+
+
+def test_dict_and_tuple_encoders_concatenate_their_parts_encoders():
+    """The features of a Dict (nested Tuple inside) are its parts' encoders' features,
+    concatenated in the space's order, each part's encoder the one its space alone gets."""
+    torch.manual_seed(0)
+    encoder = encoder_for(DICT)
+    assert isinstance(encoder, CombinedEncoder) and not hasattr(encoder, "host")  # (a CNN)
+    obs = batch_of(DICT, 5)
+    alone = [encoder.parts["direction"](obs["direction"]), encoder.parts["image"](obs["image"]),
+             encoder.parts["pair"](obs["pair"])]  # fmt: skip
+    torch.testing.assert_close(encoder(obs), torch.cat(alone, dim=1))
+    direction = nn.functional.one_hot(obs["direction"], 4).float()
+    torch.testing.assert_close(alone[0], direction)
+    pair = torch.cat([obs["pair"][0].float(), obs["pair"][1]], dim=1)
+    torch.testing.assert_close(alone[2], pair)
+    assert encoder.out_dim == 4 + 64 * 4 * 4 + 4
+    # parameter-free parts: a numpy twin, equal to the torch encoder
+    blackjack = encoder_for(TUPLE)
+    obs = batch_space(TUPLE, 6).sample()
+    expected = np.concatenate([np.eye(n)[x] for n, x in zip((32, 11, 2), obs)], axis=1)
+    np.testing.assert_array_equal(blackjack.host(obs), expected)
+    np.testing.assert_array_equal(blackjack(as_tensors(obs)).numpy(), expected)
+    assert stored_dtype(DICT) == {"direction": np.int64, "image": np.uint8,
+                                  "pair": (np.int8, np.float32)}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "space",
-    [spaces.Text(5), spaces.Dict({"a": spaces.Discrete(2)}), spaces.Tuple([spaces.Discrete(2)]),
-     spaces.Graph(spaces.Box(0, 1, (2,)), None)],
+    "space, part",
+    [(spaces.Text(5), ""), (spaces.Dict({"a": spaces.Discrete(2), "m": spaces.Text(4)}), "['m']"),
+     (spaces.Tuple([spaces.Discrete(2), spaces.Sequence(spaces.Discrete(2))]), "[1]"),
+     (spaces.Dict({"x": spaces.Tuple([spaces.Graph(spaces.Box(0, 1, (2,)), None)])}), "['x'][0]")],
 )  # fmt: skip
-def test_spaces_without_an_encoder_are_named(space):
-    with pytest.raises(UnsupportedSpace, match=type(space).__name__):
+def test_spaces_without_an_encoder_are_named(space, part):
+    with pytest.raises(UnsupportedSpace, match="cannot encode") as error:
         describe_space(space)
+    assert error.value.part == part
+    assert (f"part {part} is" if part else "the observation space is") in str(error.value)
 
 
 def test_stored_dtypes():
@@ -183,14 +229,16 @@ def build(network_class, space):
      DeterministicActorCritic],
 )  # fmt: skip
 @pytest.mark.parametrize(
-    "space", [spaces.Discrete(6), spaces.MultiDiscrete([2, 3]), spaces.Box(-1, 1, (2, 2))]
-)
+    "space",
+    [spaces.Discrete(6), spaces.MultiDiscrete([2, 3]), spaces.Box(-1, 1, (2, 2)), TUPLE,
+     spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Tuple((spaces.Box(-1, 1, (2,)),))})],
+)  # fmt: skip
 def test_networks_rebuilt_from_their_spec_act_the_same(network_class, space):
     network, action_space = build(network_class, space)
     spec = policy_spec(network, space, action_space)
     rebuilt = type(network).from_spec(spec)
     rebuilt.load_state_dict(network.state_dict())
-    obs = torch.as_tensor(np.stack([space.sample() for _ in range(4)]))
+    obs = batch_of(space, 4)
     if network_class is RecurrentActorCritic:
         state = network.initial_state(4)
         expected, _ = network.deterministic_action(obs, state)

@@ -8,6 +8,7 @@ import pytest
 import space_envs  # noqa: F401 (registers the test envs)
 import torch
 from gymnasium import spaces
+from gymnasium.vector.utils import batch_space
 from tiny_runs import SETUPS, replace, resumes_bitwise
 
 import rlstore
@@ -26,7 +27,15 @@ CASES = [
     ("ddpg", "DiscreteTarget-v0"),
     ("ppo", "PickTwo-v0"),
     ("a2c", "CopyBits-v0"),
+    ("ppo", "DictTarget-v0"),
+    ("dqn", "DictTarget-v0"),
+    ("ppo_lstm", "TupleCount-v0"),
+    ("a2c", "TupleCount-v0"),
+    ("sac", "DictScale-v0"),
+    ("td3", "DictScale-v0"),
 ]
+TEST_ENVS = ("ColorImage", "BitParity", "DiscreteTarget", "PickTwo", "CopyBits", "DictTarget",
+             "TupleCount", "DictScale", "Mission")  # fmt: skip
 
 
 @pytest.mark.parametrize("algo, env_id", CASES)
@@ -36,21 +45,17 @@ def test_a_run_on_the_space_resumes_bitwise_and_its_policy_plays(
     from rlstore import checkpoint
 
     # the test envs' state is plain attributes, as the saveable envs' (their class names)
-    test_envs = ("ColorImage", "BitParity", "DiscreteTarget", "PickTwo", "CopyBits")
-    monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + test_envs)
+    monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + TEST_ENVS)
     module, cfg = SETUPS[algo]
     cfg = replace(cfg, env_id=env_id, logdir=str(tmp_path), max_episode_steps=None)
     full = resumes_bitwise(module, cfg)
     policy = rlstore.load_policy(full.run_dir)
-    space = spaces.Discrete(16) if env_id == "FrozenLake-v1" else None
-    obs_space = space or {"ColorImage-v0": space_envs.ColorImage.observation_space,
-                          "BitParity-v0": space_envs.BitParity.observation_space,
-                          "DiscreteTarget-v0": space_envs.DiscreteTarget.observation_space,
-                          "PickTwo-v0": space_envs.PickTwo.observation_space,
-                          "CopyBits-v0": space_envs.CopyBits.observation_space,
-                          }[env_id]  # fmt: skip
+    if env_id == "FrozenLake-v1":
+        obs_space = spaces.Discrete(16)
+    else:
+        obs_space = getattr(space_envs, env_id.removesuffix("-v0")).observation_space
     one = obs_space.sample()
-    batch = np.stack([obs_space.sample() for _ in range(3)])
+    batch = batch_space(obs_space, 3).sample()
     action, actions = policy(one), policy(batch)
     assert np.shape(actions)[0] == 3 and np.shape(action) == np.shape(actions)[1:]
     result = evaluate(full.run_dir, episodes=2)
@@ -102,3 +107,27 @@ def test_hidden_sets_the_widths_of_the_saved_policy(algo, tmp_path):
     for mlp in (network.actor, network.critic):
         widths = [layer.out_features for layer in mlp if isinstance(layer, torch.nn.Linear)]
         assert widths[:-1] == [8, 16]
+
+
+def test_dict_and_tuple_observations_are_learnt_from_every_part(tmp_path):
+    """DictTarget pays 1 a step for naming (image channel + offset) % 3, which needs both
+    parts (a policy that sees one part scores at most 1/2); TupleCount likewise needs the
+    Discrete and the MultiBinary part (at most 1/2 from one); 5 steps an episode."""
+    for algo, env_id in (("ppo", "DictTarget-v0"), ("dqn", "TupleCount-v0")):
+        more = dict(learning_starts=500, exploration_fraction=0.3) if algo == "dqn" else {}
+        result = rlstore.train(algo, env=f"space_envs:{env_id}", total_timesteps=10_000,
+                               learning_rate=3e-3,
+                               logdir=str(tmp_path), progress=False, **more)  # fmt: skip
+        scores = evaluate(result.run_dir, episodes=4)
+        assert scores["returns"] == [5.0] * 4, (algo, env_id, scores["returns"])
+
+
+def test_a_dict_part_left_out_with_drop_obs_keys(tmp_path):
+    """Mission's text part cannot be encoded: --drop-obs-keys mission trains on the rest,
+    and `rlstore eval` and load_policy rebuild the env without it (config.json)."""
+    result = rlstore.train("ppo", env="space_envs:Mission-v0", drop_obs_keys=("mission",),
+                           total_timesteps=6000, learning_rate=3e-3, logdir=str(tmp_path),
+                           progress=False)  # fmt: skip
+    assert evaluate(result.run_dir, episodes=2)["returns"] == [5.0, 5.0]
+    policy = rlstore.load_policy(result.run_dir)
+    assert policy({"state": 2}) == 2 and list(policy({"state": np.array([0, 1])})) == [0, 1]

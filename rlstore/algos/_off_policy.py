@@ -26,8 +26,9 @@ from rlstore.config import (
     Positive,
     check_widths,
 )
-from rlstore.encoders import stored_dtype
+from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.errors import UsageError
+from rlstore.parts import as_tensors
 from rlstore.run import Run, resolve_device
 from rlstore.storage.replay import ReplayBuffer
 
@@ -112,7 +113,7 @@ def make_replay_buffer(
 ) -> ReplayBuffer:
     """The run's replay buffer: observations as stored_dtype says (float vectors as
     float32), float32 actions, one-step targets, after checking that it fits in memory."""
-    obs_shape = envs.single_observation_space.shape
+    obs_shape = stored_shape(envs.single_observation_space)
     obs_dtype = stored_dtype(envs.single_observation_space)
     action_shape = envs.single_action_space.shape
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
@@ -140,7 +141,7 @@ def explore(
     if run.global_step < cfg.learning_starts:
         return random_actions(space, cfg.num_envs)
     with torch.no_grad():
-        return agent.act(torch.as_tensor(obs, device=run.device))[0].cpu().numpy()
+        return agent.act(as_tensors(obs, run.device))[0].cpu().numpy()
 
 
 def step_and_store(

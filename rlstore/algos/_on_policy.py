@@ -9,6 +9,7 @@ from gymnasium import spaces
 
 from rlstore.algos import Algorithm
 from rlstore.config import OnPolicyConfig
+from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
 from rlstore.lean import LeanRollout
@@ -29,7 +30,7 @@ def obs_normalizer_for(cfg: OnPolicyConfig, obs_space: spaces.Space) -> ObsNorma
     observations only: one-hots and images have their scale."""
     if not cfg.norm_obs:
         return None
-    if not (isinstance(obs_space, spaces.Box) and obs_space.dtype.kind == "f"):
+    if not (isinstance(obs_space, spaces.Box) and obs_space.dtype.kind == "f"):  # (Dict too)
         raise UsageError(
             f"--norm-obs normalizes float vector observations; {cfg.env_id} has {obs_space}, "
             "which rlstore's encoder scales itself: drop --norm-obs"
@@ -58,9 +59,9 @@ def build_actor_critic(
     storage = RolloutStorage(
         cfg.num_steps,
         cfg.num_envs,
-        obs_space.shape,
+        stored_shape(obs_space),
         action_space.shape if agent.head is None else agent.head.stored_shape,
-        obs_dtype=np.float32 if obs_norm else obs_space.dtype,
+        obs_dtype=stored_dtype(obs_space),
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
         fast=cfg.use_fast_paths,

@@ -38,13 +38,14 @@ from rlstore.config import (
     Positive,
     check_widths,
 )
-from rlstore.encoders import encoder_for
+from rlstore.encoders import encoder_for, stored_dtype, stored_shape
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
 from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep
 from rlstore.lean import LeanDQNStep
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
+from rlstore.parts import first_part
 from rlstore.run import (
     Callback,
     Run,
@@ -164,8 +165,9 @@ def epsilon_greedy(
 
     The coin flips live on the host (numpy's seeded global RNG, checkpointed), and the
     network runs only when some env acts greedily."""
-    coins = np.random.random((2, len(obs)))  # one RNG call: explore?, which action
-    if len(obs) == 1:  # one env (the default): Python floats cost less than array ops
+    num_envs = len(first_part(obs))
+    coins = np.random.random((2, num_envs))  # one RNG call: explore?, which action
+    if num_envs == 1:  # one env (the default): Python floats cost less than array ops
         explore_one, which = coins.ravel().tolist()
         if explore_one < epsilon:
             return np.array([int(which * num_actions)])
@@ -212,7 +214,7 @@ def check_buffer_fits(
 ) -> None:
     """Refuse a replay buffer larger than the memory left, before it is allocated."""
     check_replay_fits(
-        device, cfg.buffer_size, cfg.num_envs, obs_space.shape, obs_space.dtype,
+        device, cfg.buffer_size, cfg.num_envs, stored_shape(obs_space), stored_dtype(obs_space),
         prioritized=cfg.prioritized, frame_stack=obs_space.shape[0] if frames else 0,
     )  # fmt: skip
 
@@ -253,8 +255,8 @@ def train(
     buffer = ReplayBuffer(
         cfg.buffer_size,
         cfg.num_envs,
-        obs_space.shape,
-        obs_dtype=obs_space.dtype,
+        stored_shape(obs_space),
+        obs_dtype=stored_dtype(obs_space),
         device=buffer_device,
         sample_device=device,
         n_step=cfg.n_step,

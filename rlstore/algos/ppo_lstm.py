@@ -24,6 +24,7 @@ from rlstore.algos._on_policy import log_update, obs_normalizer_for
 from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
 from rlstore.config import Count
+from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
 from rlstore.networks import (
@@ -34,6 +35,7 @@ from rlstore.networks import (
     recurrent_actor_critic_for,
 )
 from rlstore.normalize import RewardScaler
+from rlstore.parts import take
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 
@@ -128,9 +130,8 @@ def valid_batch(batch: Any, log_prob: torch.Tensor, entropy: torch.Tensor, value
     """The real transitions of a sequence minibatch (pseudo-steps left out), flat, as PPO's
     loss takes them: (RolloutBatch, log_prob, entropy, value)."""
     valid = batch.valid
-    fields = (batch.obs, batch.actions, batch.log_probs, batch.values, batch.advantages,
-              batch.returns)  # fmt: skip
-    flat = RolloutBatch(*(x[valid] for x in fields))
+    fields = (batch.actions, batch.log_probs, batch.values, batch.advantages, batch.returns)
+    flat = RolloutBatch(take(batch.obs, valid), *(x[valid] for x in fields))
     return flat, log_prob[valid], entropy[valid], value[valid]
 
 
@@ -169,8 +170,8 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
     storage = RolloutStorage(
-        cfg.num_steps, cfg.num_envs, obs_space.shape, action_space.shape,
-        obs_dtype=np.float32 if obs_norm else obs_space.dtype,
+        cfg.num_steps, cfg.num_envs, stored_shape(obs_space), action_space.shape,
+        obs_dtype=stored_dtype(obs_space),
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device, fast=cfg.use_fast_paths, recurrent_state_shape=agent.state_shape,
     )  # fmt: skip
