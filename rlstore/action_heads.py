@@ -8,6 +8,9 @@ actor's outputs define, its samples, log-probs, entropies and mode.
 Discrete (a Categorical) and Box (a Gaussian) keep their functions in rlstore/networks.py.
 Actions are sampled and stored as int64 arrays of the space's shape, zero-based; `env_action`
 shifts them by the space's start for the env.
+
+Action masks (rlstore/masks.py) set the logits of masked actions to MASKED_LOGIT before
+any of these: a probability of exactly 0 in float32, and entropy terms of 0 (no -inf * 0).
 """
 
 from __future__ import annotations
@@ -18,6 +21,25 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from torch.nn import functional as F
+
+MASKED_LOGIT = -1e8  # (sb3-contrib's MaskablePPO uses the same)
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`logits` with the masked-out actions' (mask False) set to MASKED_LOGIT."""
+    return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
+
+
+def inverse_cdf(log_probs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One sample per row of Categorical(log_probs), (B, 1): the first action whose
+    cumulative probability exceeds a uniform draw. A draw above a total rounded below 1
+    takes the last action, or with a mask the last allowed one (never a masked one)."""
+    u = torch.rand(log_probs.shape[0], 1, device=log_probs.device)
+    below = (log_probs.exp().cumsum(-1) < u).sum(-1, keepdim=True)
+    if mask is None:
+        return below.clamp_(max=log_probs.shape[-1] - 1)
+    last_allowed = log_probs.shape[-1] - 1 - mask.flip(-1).long().argmax(-1, keepdim=True)
+    return torch.minimum(below, last_allowed)
 
 
 class MultiCategoricalHead:
@@ -36,13 +58,16 @@ class MultiCategoricalHead:
     def _log_probs(self, logits: torch.Tensor) -> list[torch.Tensor]:
         return [part.log_softmax(-1) for part in logits.split(self.nvec, -1)]
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actions (B, k), their summed log-prob), one inverse-CDF draw per entry."""
+    def sample(
+        self, logits: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actions (B, k), their summed log-prob), one inverse-CDF draw per entry; `mask`
+        (B, sum(nvec)): the allowed values of each entry in turn."""
         actions, log_prob = [], torch.zeros(logits.shape[0], device=logits.device)
-        for log_probs in self._log_probs(logits):
-            u = torch.rand(logits.shape[0], 1, device=logits.device)
-            below = (log_probs.exp().cumsum(-1) < u).sum(-1, keepdim=True)
-            action = below.clamp_(max=log_probs.shape[-1] - 1)
+        masks = [None] * len(self.nvec) if mask is None else mask.split(self.nvec, -1)
+        for log_probs, part_mask in zip(self._log_probs(masked_logits(logits, mask)), masks,
+                                        strict=True):  # fmt: skip
+            action = inverse_cdf(log_probs, part_mask)
             actions.append(action.squeeze(-1))
             log_prob = log_prob + log_probs.gather(-1, action).squeeze(-1)
         return torch.stack(actions, -1), log_prob
@@ -57,8 +82,9 @@ class MultiCategoricalHead:
             entropy = entropy - (log_probs.exp() * log_probs).sum(-1)
         return log_prob, entropy
 
-    def mode(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.stack([part.argmax(-1) for part in logits.split(self.nvec, -1)], -1)
+    def mode(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        parts = masked_logits(logits, mask).split(self.nvec, -1)
+        return torch.stack([part.argmax(-1) for part in parts], -1)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """Stored actions (B, k) as the env takes them: shifted by start, in its shape."""
@@ -78,7 +104,10 @@ class BernoulliHead:
         self.out_dim = int(np.prod(self.shape))
         self.stored_shape = (self.out_dim,)
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, logits: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert mask is None, "MultiBinary actions take no masks (rlstore/masks.py)"
         action = (torch.rand_like(logits) < torch.sigmoid(logits)).long()
         return action, self.log_prob_and_entropy(logits, action)[0]
 
@@ -91,7 +120,7 @@ class BernoulliHead:
         p = torch.sigmoid(logits)
         return log_prob, -(p * log_one + (1 - p) * log_zero).sum(-1)
 
-    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+    def mode(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return (logits > 0).long()
 
     def env_action(self, action: np.ndarray) -> np.ndarray:

@@ -94,6 +94,9 @@ class CommonConfig:
     drop_obs_keys: tuple[str, ...] = ()
     """Keys of Dict observations to leave out, after the wrappers: parts rlstore cannot
     encode, such as MiniGrid's text `mission` (`--drop-obs-keys mission`), or do not want."""
+    action_masks: Literal["auto", "off"] = "auto"
+    """auto: act under the env's action masks where it gives them, as info["action_mask"]
+    (Taxi-v4) or an action_masks() method (PPO, A2C, ppo_lstm, DQN); off: ignore them."""
     sticky_actions: bool = False
     """Atari only: repeat the previous action with probability 0.25 (the v5 ids' default).
     Off by default, as in the published tables rlstore compares with."""

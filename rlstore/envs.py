@@ -34,6 +34,7 @@ from rlstore.custom_envs import EnvMaker, callable_env, parse_env_kwargs, wrap
 from rlstore.encoders import UnsupportedSpace, describe_space, has_image
 from rlstore.errors import UsageError
 from rlstore.lean import LeanSyncVectorEnv
+from rlstore.masks import ActionMasks, mask_source
 from rlstore.partially_observable import register as register_partially_observable
 
 register_partially_observable()  # CartPoleNoVel-v1, PendulumNoVel-v1
@@ -186,6 +187,7 @@ def make_vec_env(
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[str] = (),
     drop_obs_keys: Sequence[str] = (),
+    action_masks: str = "off",
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algorithm` can train on its spaces (check_spaces).
@@ -201,7 +203,8 @@ def make_vec_env(
     `env_kwargs` go to each env's constructor and `wrappers` ("module:Callable") wrap each
     env in order (rlstore/custom_envs.py), then `drop_obs_keys` leaves keys out of its
     Dict observations; an env wrapped so is stepped one by one (sync or async), not by a
-    native vector env.
+    native vector env. `action_masks` "auto": where the env gives action masks, the vector
+    env is an ActionMasks (rlstore/masks.py), whose `masks` are its envs' current ones.
     """
     spec = check_env_id(env_id)
     route_mujoco_warnings(spec)
@@ -214,6 +217,8 @@ def make_vec_env(
     maker = EnvMaker(spec.id, env_kwargs, wrappers, drop_obs_keys, **time_limit(max_episode_steps))
     if env_kwargs or maker.wrapped:  # one env first: its mistakes as one line, before copies
         maker.check()
+    masks = None if action_masks == "off" or is_atari(spec) else mask_source_of(maker, seed)
+    infos = infos or masks == "info"
     if is_atari(spec):
         envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
                                fire_on_life_loss)  # fmt: skip
@@ -224,6 +229,8 @@ def make_vec_env(
     except UsageError:
         envs.close()
         raise
+    if masks is not None:
+        envs = ActionMasks(envs, masks)
     mode_of_envs = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     assert mode_of_envs == AutoresetMode.NEXT_STEP, (
         f"rlstore needs NEXT_STEP autoreset, {env_id} uses {mode_of_envs}"
@@ -369,6 +376,16 @@ def _make_gymnasium_vec_env(
     return envs
 
 
+def mask_source_of(maker: EnvMaker, seed: int) -> str | None:
+    """How the env `maker` makes gives action masks (rlstore/masks.py), seen on one env."""
+    env = maker()
+    try:
+        _, info = env.reset(seed=seed)
+        return mask_source(env, info)
+    finally:
+        env.close()
+
+
 def check_atari_options(cfg: CommonConfig) -> None:
     """The Atari-only options are refused elsewhere (they would do nothing there)."""
     for name in ("sticky_actions", "fire_on_life_loss"):
@@ -383,12 +400,14 @@ def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.Ve
     """The vector env of a training run of `algorithm`, as its config says (no step infos:
     training reads none)."""
     check_atari_options(cfg)
+    masks = cfg.action_masks if algorithm.action_masks else "off"
     envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
                         cfg.max_episode_steps, algorithm, infos=False,
                         sticky_actions=cfg.sticky_actions,
                         fire_on_life_loss=cfg.fire_on_life_loss,
                         lean=cfg.use_fast_paths, env_kwargs=parse_env_kwargs(cfg.env_kwargs),
-                        wrappers=cfg.wrapper, drop_obs_keys=cfg.drop_obs_keys)  # fmt: skip
+                        wrappers=cfg.wrapper, drop_obs_keys=cfg.drop_obs_keys,
+                        action_masks=masks)  # fmt: skip
     return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
 
 

@@ -19,6 +19,7 @@ from rlstore.custom_envs import EnvMaker, parse_env_kwargs
 from rlstore.encoders import described_shape, description_of_spec
 from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time_limit
 from rlstore.errors import UsageError
+from rlstore.masks import ActionMasks, one_env_mask
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import as_tensors, first_part, is_shape, map_parts, shape_leaves, take
 from rlstore.text import plural
@@ -32,6 +33,10 @@ class Policy:
     critics' Q1 and Q2 at an action (SAC, TD3; the policy's own action when none is given).
     Observations are given as the env returns them: a policy trained with normalized
     observations normalizes them with its saved statistics, which stay frozen here.
+
+    A policy trained under action masks (rlstore/masks.py) takes the env's mask of each
+    observation as `action_mask` (one row per observation; `mask_source` says where the env
+    gives it) and acts among the allowed actions only.
 
     A recurrent policy (ppo_lstm) is stateful: each call carries its LSTM state to the
     next, one row per observation of the batch; `reset()` starts new episodes (zero
@@ -48,6 +53,7 @@ class Policy:
         saved = record.get("obs_normalizer")
         self.obs_normalizer = ObsNormalizer.from_state_dict(saved) if saved else None
         self.state: torch.Tensor | None = None  # a recurrent policy's, per batch row
+        self.mask_source: str | None = info.get("action_masks")  # "info", "method" or None
 
     @property
     def recurrent(self) -> bool:
@@ -121,26 +127,35 @@ class Policy:
         return q[0] if single else q
 
     @torch.inference_mode()
-    def __call__(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    def __call__(
+        self, obs: Any, deterministic: bool = True, action_mask: np.ndarray | None = None
+    ) -> np.ndarray:
         x, single = self._batch(obs)
+        mask = () if action_mask is None else (self._mask(action_mask, single),)
         if self.greedy:
-            action = self.network.q_values(x).argmax(-1)
+            q = self.network.q_values(x)
+            action = (q if not mask else q.masked_fill(~mask[0], -torch.inf)).argmax(-1)
         elif self.recurrent:
             state = self._recurrent_state(len(first_part(x)))
             if deterministic:
-                action, self.state = self.network.deterministic_action(x, state)
+                action, self.state = self.network.deterministic_action(x, state, *mask)
             else:
-                action, _, _, self.state = self.network.act(x, state)
+                action, _, _, self.state = self.network.act(x, state, *mask)
         elif deterministic:
-            action = self.network.deterministic_action(x)
+            action = self.network.deterministic_action(x, *mask)
         else:
-            action = self.network.act(x)[0]
+            action = self.network.act(x, *mask)[0]
         action = action.cpu().numpy()
         if getattr(self.network, "head", None) is not None:  # MultiDiscrete, MultiBinary
             action = self.network.head.env_action(action)
         if self.info.get("continuous"):
             action = np.clip(action, self.info["action_low"], self.info["action_high"])
         return action[0] if single else action
+
+
+    def _mask(self, action_mask: np.ndarray, single: bool) -> torch.Tensor:
+        mask = torch.as_tensor(np.asarray(action_mask, dtype=bool), device=self.device)
+        return mask[None] if single else mask
 
 
 def load_policy(path: str | Path, best: bool = False) -> Policy:
@@ -201,11 +216,14 @@ def eval_seed(config: dict[str, Any]) -> int:
 EVAL_ENVS = 16  # evaluation episodes played side by side, one batch of actions per step
 
 
-def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.vector.VectorEnv:
+def make_eval_envs(
+    env_id: str, config: dict[str, Any], episodes: int, mask_source: str | None = None
+) -> gym.vector.VectorEnv:
     """Copies of the env a run's policy is evaluated on, min(episodes, EVAL_ENVS) of them
     in one vector env: the training env's id and time limit (Atari: its preprocessing),
     with the env's own rewards. Each copy is the env `gym.make` gives (Atari: rlstore's
-    vector env), so an episode is the same one as played alone."""
+    vector env), so an episode is the same one as played alone. `mask_source`: where the
+    env gives the action masks the policy acts under (ActionMasks reads them)."""
     count = min(episodes, EVAL_ENVS)
     max_steps = config.get("max_episode_steps")
     spec = check_env_id(env_id)
@@ -214,7 +232,8 @@ def make_eval_envs(env_id: str, config: dict[str, Any], episodes: int) -> gym.ve
         return make_vec_env(env_id, count, 0, max_episode_steps=max_steps,
             sticky_actions=config.get("sticky_actions", False),
             fire_on_life_loss=config.get("fire_on_life_loss", False))  # fmt: skip
-    return gym.vector.SyncVectorEnv([env_maker(spec, config)] * count)
+    envs = gym.vector.SyncVectorEnv([env_maker(spec, config)] * count)
+    return envs if mask_source is None else ActionMasks(envs, mask_source)
 
 
 def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> EnvMaker:
@@ -254,11 +273,13 @@ def play_episodes(
     first = 0
     if video_env is not None:
         policy.reset()  # a recurrent policy's state: each episode from zero
-        obs, _ = video_env.reset(seed=seed)
+        obs, info = video_env.reset(seed=seed)
         frames.append(video_env.render())
         done = False
         while not done:
-            obs, reward, terminated, truncated, _ = video_env.step(policy(obs, deterministic))
+            mask = one_env_mask(video_env, info, policy.mask_source)
+            action = policy(obs, deterministic, None if mask is None else mask[0])
+            obs, reward, terminated, truncated, info = video_env.step(action)
             frames.append(video_env.render())
             returns[0], lengths[0] = returns[0] + float(reward), lengths[0] + 1
             done = terminated or truncated
@@ -269,7 +290,8 @@ def play_episodes(
         obs, _ = envs.reset(seed=seed + start)  # sub-env i: seed + start + i
         playing = np.arange(n) < episodes - start  # sub-env i plays episode start + i
         while playing.any():
-            obs, rewards, terminated, truncated, _ = envs.step(policy(obs, deterministic))
+            action = policy(obs, deterministic, getattr(envs, "masks", None))
+            obs, rewards, terminated, truncated, _ = envs.step(action)
             for i in np.flatnonzero(playing):
                 returns[start + i] += float(rewards[i])
                 lengths[start + i] += 1
@@ -338,7 +360,7 @@ def evaluate(
     )
     if video:
         check_video_support(policy.env_id, "--video")
-    envs = make_eval_envs(policy.env_id, cfg, episodes)
+    envs = make_eval_envs(policy.env_id, cfg, episodes, policy.mask_source)
     video_env = make_video_env(policy.env_id, cfg) if video else None
     seed = eval_seed(cfg) if seed is None else seed  # not the training envs' seeds
     returns, lengths, frames = play_episodes(policy, envs, seed, episodes, deterministic, video_env)
@@ -480,7 +502,8 @@ class Evaluator:
         try:
             policy = Policy(network, spec, record)
             if self._envs is None:
-                self._envs = make_eval_envs(env_id, self.config, self.episodes)
+                self._envs = make_eval_envs(env_id, self.config, self.episodes,
+                                            spec.get("action_masks"))  # fmt: skip
             video_env = make_video_env(env_id, self.config) if video else None
             seed = eval_seed(self.config)
             returns, lengths, frames = play_episodes(

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlstore.action_heads import head_for, head_from_spec
+from rlstore.action_heads import head_for, head_from_spec, inverse_cdf, masked_logits
 from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
     FlatEncoder,
     describe_space,
@@ -33,13 +33,14 @@ from rlstore.host_networks import LOG_SQRT_2PI, HostActorCritic, SequentialRunne
 from rlstore.parts import Tree, as_tensors, first_part, map_parts, take
 
 
-def sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_categorical(
+    logits: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(action, log-prob) of one sample per row of Categorical(logits=logits), by inverse
-    CDF: the first action whose cumulative probability exceeds a uniform draw."""
-    log_probs = logits.log_softmax(-1)
-    u = torch.rand(logits.shape[0], 1, device=logits.device)
-    below = (log_probs.exp().cumsum(-1) < u).sum(-1, keepdim=True)
-    action = below.clamp_(max=logits.shape[-1] - 1)  # u above a rounded-down total
+    CDF: the first action whose cumulative probability exceeds a uniform draw; only actions
+    that `mask` allows, where one is given."""
+    log_probs = masked_logits(logits, mask).log_softmax(-1)
+    action = inverse_cdf(log_probs, mask)
     return action.squeeze(-1), log_probs.gather(-1, action).squeeze(-1)
 
 
@@ -64,6 +65,37 @@ def log_prob_and_entropy(
     log_probs = out.log_softmax(-1)
     log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
     return log_prob, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def sample_action(
+    out: torch.Tensor, head: Any, log_std: torch.Tensor | None, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(action, log-prob) sampled from an actor's output: its action head's distribution
+    (MultiDiscrete, MultiBinary), a Gaussian (log_std given) or a Categorical."""
+    if head is not None:
+        return head.sample(out, mask)
+    if log_std is not None:
+        return sample_gaussian(out, log_std)
+    return sample_categorical(out, mask)
+
+
+def action_log_prob_and_entropy(
+    out: torch.Tensor, action: torch.Tensor, head: Any, log_std: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """log-prob of `action` and entropy under an actor's output, as sample_action draws."""
+    if head is not None:
+        return head.log_prob_and_entropy(masked_logits(out, mask), action)
+    return log_prob_and_entropy(masked_logits(out, mask), action, log_std)
+
+
+def action_mode(
+    out: torch.Tensor, head: Any, continuous: bool, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The most likely action under an actor's output (the Gaussian's mean)."""
+    if head is not None:
+        return head.mode(out, mask)
+    return out if continuous else masked_logits(out, mask).argmax(-1)
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
@@ -153,37 +185,36 @@ class ActorCritic(nn.Module):
         """V(obs), shape (batch,)."""
         return self.critic_path(self._features(obs)).squeeze(-1)
 
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions; returns (action, log_prob, value)."""
+    @property
+    def _log_std(self) -> torch.Tensor | None:
+        return self.actor_logstd if self.continuous else None
+
+    def act(
+        self, obs: torch.Tensor, action_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions (only allowed ones, with `action_mask`); returns (action,
+        log_prob, value)."""
         x = self._features(obs)
-        out = self.actor_path(x)
-        if self.head is not None:
-            action, log_prob = self.head.sample(out)
-        elif self.continuous:
-            action, log_prob = sample_gaussian(out, self.actor_logstd)
-        else:
-            action, log_prob = sample_categorical(out)
+        action, log_prob = sample_action(self.actor_path(x), self.head, self._log_std, action_mask)
         return action, log_prob, self.critic_path(x).squeeze(-1)
 
     def evaluate(
-        self, obs: torch.Tensor, action: torch.Tensor
+        self, obs: torch.Tensor, action: torch.Tensor, action_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log_prob of `action`, entropy, value) under the current parameters."""
+        """(log_prob of `action`, entropy, value) under the current parameters (and the
+        mask the action was taken under)."""
         x = self._features(obs)
-        out = self.actor_path(x)
-        if self.head is not None:
-            log_prob, entropy = self.head.log_prob_and_entropy(out, action)
-        else:
-            log_std = self.actor_logstd if self.continuous else None
-            log_prob, entropy = log_prob_and_entropy(out, action, log_std)
+        log_prob, entropy = action_log_prob_and_entropy(
+            self.actor_path(x), action, self.head, self._log_std, action_mask
+        )
         return log_prob, entropy, self.critic_path(x).squeeze(-1)
 
-    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The mode of the policy: argmax logits, or the Gaussian mean."""
+    def deterministic_action(
+        self, obs: torch.Tensor, action_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The mode of the policy: argmax logits (of allowed actions), or the Gaussian mean."""
         out = self.actor_path(self._features(obs))
-        if self.head is not None:
-            return self.head.mode(out)
-        return out if self.continuous else out.argmax(-1)
+        return action_mode(out, self.head, self.continuous, action_mask)
 
 
 class RecurrentActorCriticBase(nn.Module):
@@ -209,17 +240,20 @@ class RecurrentActorCriticBase(nn.Module):
         actor_out, critic_out, state = self._cores(self.encode(take(obs, None)), state)
         return actor_out[0], critic_out[0], state
 
+    head: Any = None  # MultiDiscrete and MultiBinary actions: their head
+
+    @property
+    def _log_std(self) -> torch.Tensor | None:
+        return self.actor_logstd if self.continuous else None
+
     def act(
-        self, obs: torch.Tensor, state: torch.Tensor
+        self, obs: torch.Tensor, state: torch.Tensor, action_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions from `state` (zeroed at episode starts by the caller); returns
         (action, log_prob, value, next state)."""
         actor_features, critic_features, state = self._step(obs, state)
         out = self.actor(actor_features)
-        if self.continuous:
-            action, log_prob = sample_gaussian(out, self.actor_logstd)
-        else:
-            action, log_prob = sample_categorical(out)
+        action, log_prob = sample_action(out, self.head, self._log_std, action_mask)
         return action, log_prob, self.critic(critic_features).squeeze(-1), state
 
     def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -227,12 +261,12 @@ class RecurrentActorCriticBase(nn.Module):
         return self.critic(self._step(obs, state)[1]).squeeze(-1)
 
     def deterministic_action(
-        self, obs: torch.Tensor, state: torch.Tensor
+        self, obs: torch.Tensor, state: torch.Tensor, action_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's mode (argmax logits, or the Gaussian mean), and the next state."""
         actor_features, _, state = self._step(obs, state)
         out = self.actor(actor_features)
-        return (out if self.continuous else out.argmax(-1)), state
+        return action_mode(out, self.head, self.continuous, action_mask), state
 
     def evaluate_sequences(
         self,
@@ -240,6 +274,7 @@ class RecurrentActorCriticBase(nn.Module):
         actions: torch.Tensor,
         initial_state: torch.Tensor,
         episode_starts: torch.Tensor,
+        action_masks: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log_prob, entropy, value), each (L, B), of `actions` along sequences of L steps
         of B envs (time-major) from `initial_state`, the state zeroed before each step t > 0
@@ -254,10 +289,11 @@ class RecurrentActorCriticBase(nn.Module):
             actor_out, critic_out, state = self._cores(x[start:end], state)
             actor_features.append(actor_out.reshape(-1, actor_out.shape[-1]))
             critic_features.append(critic_out.reshape(-1, critic_out.shape[-1]))
-        log_std = self.actor_logstd if self.continuous else None
         flat_actions = actions.reshape(L * B, *actions.shape[2:])
+        masks = None if action_masks is None else action_masks.reshape(L * B, -1)
         out = self.actor(torch.cat(actor_features))
-        log_prob, entropy = log_prob_and_entropy(out, flat_actions, log_std)
+        log_prob, entropy = action_log_prob_and_entropy(out, flat_actions, self.head,
+                                                        self._log_std, masks)  # fmt: skip
         value = self.critic(torch.cat(critic_features)).squeeze(-1)
         return log_prob.view(L, B), entropy.view(L, B), value.view(L, B)
 
@@ -280,8 +316,11 @@ class RecurrentActorCritic(RecurrentActorCriticBase):
         lstm_hidden: int = 256,
         hidden: tuple[int, ...] = (64, 64),
         encoder: nn.Module | None = None,
+        head: Any = None,
     ) -> None:
         super().__init__()
+        self.head = head
+        action_dim = action_dim if head is None else head.out_dim
         self.action_dim, self.continuous, self.lstm_hidden = action_dim, continuous, lstm_hidden
         self.hidden = tuple(hidden)
         self.state_shape = (4, lstm_hidden)
@@ -294,15 +333,16 @@ class RecurrentActorCritic(RecurrentActorCriticBase):
             self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
 
     def spec_args(self) -> dict:
+        head = {"action_head": self.head.spec()} if self.head is not None else {}
         return {"action_dim": self.action_dim, "continuous": self.continuous,
-                "lstm_hidden": self.lstm_hidden, "hidden": list(self.hidden)}  # fmt: skip
+                "lstm_hidden": self.lstm_hidden, "hidden": list(self.hidden), **head}  # fmt: skip
 
     @classmethod
     def from_spec(cls, spec: dict) -> RecurrentActorCritic:
         encoder = encoder_from_description(description_of_spec(spec))
         hidden = tuple(spec.get("hidden", (64, 64)))  # (older model files: the default)
         return cls(0, spec["action_dim"], spec["continuous"], spec["lstm_hidden"], hidden,
-                   encoder)  # fmt: skip
+                   encoder, head_from_spec(spec.get("action_head")))  # fmt: skip
 
     def encode(self, obs: Tree) -> torch.Tensor:
         """The encoder's features of observations (L, B, ...): (L, B, features)."""
@@ -372,10 +412,10 @@ def recurrent_actor_critic_for(obs_space, action_space, lstm_hidden: int,
 
     if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
         return CnnRecurrentActorCritic(obs_space.shape, int(action_space.n), lstm_hidden)
-    continuous = isinstance(action_space, spaces.Box)
-    action_dim = action_space.shape[0] if continuous else int(action_space.n)
+    continuous, head = isinstance(action_space, spaces.Box), head_for(action_space)
+    action_dim = 0 if head else action_space.shape[0] if continuous else int(action_space.n)
     return RecurrentActorCritic(0, action_dim, continuous, lstm_hidden, hidden,
-                                encoder_for(obs_space))  # fmt: skip
+                                encoder_for(obs_space), head)  # fmt: skip
 
 
 def actor_critic_for(obs_space, action_space, fast: bool = True,
@@ -423,22 +463,25 @@ class CnnActorCritic(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(self.trunk(obs)).squeeze(-1)
 
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def act(
+        self, obs: torch.Tensor, action_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = self.trunk(obs)
-        action, log_prob = sample_categorical(self.actor(hidden))
+        action, log_prob = sample_categorical(self.actor(hidden), action_mask)
         return action, log_prob, self.critic(hidden).squeeze(-1)
 
     def evaluate(
-        self, obs: torch.Tensor, action: torch.Tensor
+        self, obs: torch.Tensor, action: torch.Tensor, action_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = self.trunk(obs)
-        log_probs = self.actor(hidden).log_softmax(-1)
-        log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        out = masked_logits(self.actor(hidden), action_mask)
+        log_prob, entropy = log_prob_and_entropy(out, action, None)
         return log_prob, entropy, self.critic(hidden).squeeze(-1)
 
-    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(self.trunk(obs)).argmax(-1)
+    def deterministic_action(
+        self, obs: torch.Tensor, action_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return masked_logits(self.actor(self.trunk(obs)), action_mask).argmax(-1)
 
     def spec_args(self) -> dict:
         return {"action_dim": self.action_dim, "continuous": False}
@@ -538,12 +581,15 @@ class QNetwork(nn.Module):
         """Q(obs, a) for every action, shape (batch, num_actions)."""
         return self(obs)
 
-    def greedy_action(self, obs: np.ndarray) -> np.ndarray:
-        """argmax Q for a batch of host observations (GreedyActor's reference)."""
+    def greedy_action(self, obs: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:
+        """argmax Q (over the actions `masks` allows, where given) for a batch of host
+        observations (GreedyActor's reference)."""
         device = self.advantage.weight.device
         with torch.inference_mode():
-            x = self.encoder(as_tensors(obs, device))
-            return self.advantage_path(x).argmax(-1).cpu().numpy()
+            q = self.advantage_path(self.encoder(as_tensors(obs, device)))
+            if masks is not None:
+                q = q.masked_fill(~torch.as_tensor(masks, device=device), -torch.inf)
+            return q.argmax(-1).cpu().numpy()
 
     def spec_args(self) -> dict:
         return {"action_dim": self.num_actions, "dueling": self.dueling,
@@ -556,13 +602,16 @@ class QNetwork(nn.Module):
         return cls(0, spec["action_dim"], hidden, dueling=spec["dueling"], encoder=encoder)
 
 
-def policy_spec(network: nn.Module, obs_space, action_space) -> dict:  # gymnasium spaces
-    """What rebuilds `network` (its class's from_spec) and clips its actions: kept in
-    model.pt."""
+def policy_spec(network: nn.Module, obs_space, action_space,
+                action_masks: str | None = None) -> dict:  # fmt: skip
+    """What rebuilds `network` (its class's from_spec) and clips its actions, and how the
+    env gives the action masks it acts under (rlstore/masks.py): kept in model.pt."""
     shape = None if obs_space.shape is None else list(obs_space.shape)  # (None: Dict, Tuple)
     spec = {"network": network.SPEC_NAME, "obs_shape": shape,
             "observation": describe_space(obs_space)}  # fmt: skip
     spec |= network.spec_args()
+    if action_masks is not None:
+        spec["action_masks"] = action_masks
     if spec.get("continuous"):
         spec |= {"action_low": action_space.low.tolist(),
                  "action_high": action_space.high.tolist()}  # fmt: skip

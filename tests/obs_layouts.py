@@ -59,6 +59,8 @@ def decode(layout: str, obs) -> np.ndarray:
 
 def tensors_equal(a, b) -> bool:
     """Whether two trees of tensors (or tensors) are equal, part by part."""
+    if a is None or b is None:
+        return a is b
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(tensors_equal(a[k], b[k]) for k in a)
     if isinstance(a, tuple):

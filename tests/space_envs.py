@@ -196,9 +196,66 @@ class Mission(gym.Env):
         return self._observe(), reward, False, False, {}
 
 
+class MaskedPick(gym.Env):
+    """Discrete(4) states and actions; reward 1 for naming the state. info["action_mask"]
+    (Gymnasium's convention) forbids one random action other than the state's; the env
+    raises if a forbidden action is taken."""
+
+    observation_space = spaces.Discrete(4)
+    action_space = spaces.Discrete(4)
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(4))
+        forbidden = (self.state + 1 + int(self.np_random.integers(3))) % 4
+        self.mask = np.ones(4, np.int8)
+        self.mask[forbidden] = 0
+        return self.state, {"action_mask": self.mask.copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe()
+
+    def step(self, action):
+        if not self.mask[int(action)]:
+            raise ValueError(f"MaskedPick: action {action} is masked ({self.mask})")
+        reward = float(int(action) == self.state)
+        obs, info = self._observe()
+        return obs, reward, False, False, info
+
+
+class MaskedPair(gym.Env):
+    """Dict observations {state: Discrete(3), bits: MultiBinary(2)}, MultiDiscrete([3, 2])
+    actions; one point for a[0] == state and one for a[1] == bits[0]. `action_masks()`
+    (sb3-contrib's convention) forbids, for a[0], one random value other than the state;
+    the env raises if a forbidden value is taken."""
+
+    observation_space = spaces.Dict({"state": spaces.Discrete(3), "bits": spaces.MultiBinary(2)})
+    action_space = spaces.MultiDiscrete([3, 2])
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(3))
+        self.bits = self.np_random.integers(0, 2, 2).astype(np.int8)
+        self.forbidden = (self.state + 1 + int(self.np_random.integers(2))) % 3
+        return {"state": self.state, "bits": self.bits.copy()}
+
+    def action_masks(self):
+        first = [value != self.forbidden for value in range(3)]
+        return np.array([*first, True, True])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        if int(action[0]) == self.forbidden:
+            raise ValueError(f"MaskedPair: a[0] = {action[0]} is masked")
+        reward = float(int(action[0]) == self.state) + float(int(action[1]) == self.bits[0])
+        return self._observe(), reward, False, False, {}
+
+
 for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10), (PickTwo, 5),
                      (CopyBits, 5), (DictTarget, 5), (TupleCount, 5), (DictScale, 10),
-                     (Mission, 5)):  # fmt: skip
+                     (Mission, 5), (MaskedPick, 5), (MaskedPair, 5)):  # fmt: skip
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
 

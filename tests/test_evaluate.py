@@ -153,9 +153,9 @@ def test_eval_samples_only_when_asked(tmp_path, monkeypatch):
     seen = set()
     real_call = rlstore.Policy.__call__
 
-    def watched(self, obs, deterministic=True):
+    def watched(self, obs, deterministic=True, action_mask=None):
         seen.add(deterministic)
-        return real_call(self, obs, deterministic)
+        return real_call(self, obs, deterministic, action_mask)
 
     monkeypatch.setattr(rlstore.Policy, "__call__", watched)
     assert main(["eval", str(run_dir), "--episodes", "1"]) == 0

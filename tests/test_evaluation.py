@@ -260,9 +260,9 @@ def test_eval_stochastic_and_eval_episodes_reach_the_evaluation(stochastic, tmp_
     seen = set()
     real_call = rlstore.Policy.__call__
 
-    def watched(self, obs, deterministic=True):
+    def watched(self, obs, deterministic=True, action_mask=None):
         seen.add(deterministic)
-        return real_call(self, obs, deterministic)
+        return real_call(self, obs, deterministic, action_mask)
 
     monkeypatch.setattr(rlstore.Policy, "__call__", watched)
     _, cfg = SETUPS["ppo"]

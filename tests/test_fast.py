@@ -409,7 +409,10 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
         if max_grad_norm is not None:
             nn.utils.clip_grad_norm_(q.parameters(), max_grad_norm, foreach=True)
         opt.step()
-        got = fast(ReplayBatch(*(x.numpy() for x in batch)), cfg)  # as sample_host gives
+        got = fast(
+            batch._replace(**{k: v.numpy() for k, v in batch._asdict().items() if v is not None}),
+            cfg,
+        )
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b.detach(), rtol=1e-4, atol=1e-5)
         for p, r in zip(q.parameters(), twin.parameters(), strict=True):

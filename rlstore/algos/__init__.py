@@ -46,7 +46,8 @@ class Algorithm:
     defaults: where its config's defaults come from, which a run without a preset says
       when it starts ("" says nothing);
     image_observations: whether it trains on images (uint8, three dimensions) through a
-      CNN encoder; SAC's, TD3's and DDPG's actors and critics share a parameter-free one.
+      CNN encoder; SAC's, TD3's and DDPG's actors and critics share a parameter-free one;
+    action_masks: whether it acts under the action masks an env gives (rlstore/masks.py).
     """
 
     name: str
@@ -57,6 +58,7 @@ class Algorithm:
     networks: tuple[type, ...]
     defaults: str = ""
     image_observations: bool = True
+    action_masks: bool = False
 
     def build_policy(self, spec: dict[str, Any]) -> Any:
         """The network a policy spec of this algorithm describes, with fresh parameters."""

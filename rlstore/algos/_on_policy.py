@@ -13,6 +13,7 @@ from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
 from rlstore.lean import LeanRollout
+from rlstore.masks import masks_of
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
 from rlstore.normalize import ObsNormalizer, RewardScaler
 from rlstore.run import Run, TrainingState
@@ -56,6 +57,9 @@ def build_actor_critic(
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
+    masks = masks_of(envs)
+    if masks is not None:  # the numpy acting and update steps take no masks: torch's do
+        agent.act_on_host = None
     storage = RolloutStorage(
         cfg.num_steps,
         cfg.num_envs,
@@ -65,14 +69,16 @@ def build_actor_critic(
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
         fast=cfg.use_fast_paths,
+        action_mask_shape=None if masks is None else (masks.width,),
     )
 
     def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
-        storage.reset(obs_norm(obs, update=True) if obs_norm else obs)
+        storage.reset(obs_norm(obs, update=True) if obs_norm else obs,
+                      None if masks is None else masks.masks)  # fmt: skip
 
     obs, _ = envs.reset(seed=cfg.seed)
     start(obs)
-    spec = policy_spec(agent, obs_space, action_space)
+    spec = policy_spec(agent, obs_space, action_space, masks and masks.source)
     parts = {"storage": storage} | ({"reward_scaler": reward_scale} if reward_scale else {})
     state = TrainingState(envs, agent, spec, on_fresh_envs=start, obs_normalizer=obs_norm,
                           **parts)  # fmt: skip
@@ -90,6 +96,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
     space = envs.single_action_space
     act_on_host = agent.act_on_host  # numpy, for MLPs in host memory (None: torch)
     lives = envs if hasattr(envs, "life_lost") else None  # Atari
+    masks = masks_of(envs)  # (None: the env gives none)
 
     def step() -> None:
         host_obs = storage.current_obs_on_host
@@ -99,7 +106,8 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
             env_action = action
         else:
             with torch.inference_mode():
-                action, log_prob, value = agent.act(storage.current_obs)
+                action, log_prob, value = agent.act(storage.current_obs,
+                                                    storage.current_action_mask)  # fmt: skip
             env_action = action.cpu().numpy()  # the env boundary: the one device -> host copy
         if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
             env_action = np.clip(env_action, space.low, space.high)
@@ -111,7 +119,8 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         if sign_rewards:
             stored_reward = np.sign(stored_reward)
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
-                       None if lives is None else lives.life_lost)  # fmt: skip
+                       None if lives is None else lives.life_lost,
+                       action_mask=None if masks is None else masks.masks)  # fmt: skip
         run.record_step(reward, terminated, truncated)
 
     # The same steps with fewer calls, for small envs stepped in this process (rlstore/lean.py)

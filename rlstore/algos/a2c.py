@@ -79,9 +79,10 @@ def a2c_update(
     """One gradient step on the whole rollout (`data`: storage.flatten() after its returns);
     its losses. `fast_step`, if given, takes the same step in numpy (rlstore/host_updates.py)."""
     if fast_step is not None:
-        losses = fast_step(RolloutBatch(*(data[k] for k in RolloutBatch._fields)), cfg)
+        losses = fast_step(RolloutBatch(*(data.get(k) for k in RolloutBatch._fields)), cfg)
     else:
-        log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"])
+        log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"],
+                                                  data.get("action_masks"))  # fmt: skip
         losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
@@ -149,4 +150,5 @@ ALGORITHM = Algorithm(
     train=train,
     action_spaces=(spaces.Discrete, spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary),
     networks=(ActorCritic, CnnActorCritic),
+    action_masks=True,
 )

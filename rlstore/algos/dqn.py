@@ -44,6 +44,7 @@ from rlstore.errors import UsageError
 from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep
 from rlstore.lean import LeanDQNStep
+from rlstore.masks import masks_of
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.parts import first_part
 from rlstore.run import (
@@ -135,15 +136,20 @@ def td_loss(
 
     target = rewards + discounts * (1 - terminated) * Q_target(next_obs, a'), where a' is the
     target network's argmax, or the online network's with Double DQN. With n-step replay the
-    batch's rewards and discounts already span the window.
+    batch's rewards and discounts already span the window. With action masks, a' is the
+    argmax over the actions the NEXT state allows (a next state that allows none, which
+    only a done one may, bootstraps from 0).
     """
+    allowed = batch.next_action_masks
     with torch.no_grad():
         next_q = target_network(batch.next_obs)
         if cfg.double_dqn:
-            next_action = q_network(batch.next_obs).argmax(-1, keepdim=True)
-            next_value = next_q.gather(-1, next_action).squeeze(-1)
+            online = masked_q(q_network(batch.next_obs), allowed)
+            next_value = next_q.gather(-1, online.argmax(-1, keepdim=True)).squeeze(-1)
         else:
-            next_value = next_q.amax(-1)
+            next_value = masked_q(next_q, allowed).amax(-1)
+        if allowed is not None:
+            next_value = next_value.masked_fill(~allowed.any(-1), 0.0)
         target = batch.rewards + batch.discounts * next_value.masked_fill(batch.terminated, 0.0)
     q_value = q_network(batch.obs).gather(-1, batch.actions.long().unsqueeze(-1)).squeeze(-1)
     if cfg.loss == "huber":
@@ -155,18 +161,30 @@ def td_loss(
     return loss, (q_value - target).detach(), q_value.detach()
 
 
+def masked_q(q: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Q-values with the actions a mask does not allow at -inf (no mask: as they are)."""
+    return q if allowed is None else q.masked_fill(~allowed, -torch.inf)
+
+
 def epsilon_greedy(
-    greedy_actions: Callable[[np.ndarray], np.ndarray],
+    greedy_actions: Callable[..., np.ndarray],
     obs: np.ndarray,
     epsilon: float,
     num_actions: int,
+    masks: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One action per env: uniform with probability epsilon, else argmax Q.
+    """One action per env: uniform with probability epsilon, else argmax Q; with action
+    `masks` (num_envs, num_actions), both among the allowed actions only.
 
     The coin flips live on the host (numpy's seeded global RNG, checkpointed), and the
     network runs only when some env acts greedily."""
     num_envs = len(first_part(obs))
     coins = np.random.random((2, num_envs))  # one RNG call: explore?, which action
+    if masks is not None:
+        allowed = masks.sum(1)  # the k-th allowed action, k uniform in [0, allowed)
+        pick = (masks.cumsum(1) > (coins[1] * allowed).astype(np.int64)[:, None]).argmax(1)
+        greedy = greedy_actions(obs, masks) if (coins[0] >= epsilon).any() else pick
+        return np.where(coins[0] < epsilon, pick, greedy)
     if num_envs == 1:  # one env (the default): Python floats cost less than array ops
         explore_one, which = coins.ravel().tolist()
         if explore_one < epsilon:
@@ -237,6 +255,7 @@ def train(
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
+    masks = masks_of(envs)  # the env's action masks (None: it gives none)
     frames = is_frame_stack(obs_space)  # Atari: the Nature CNN, each frame stored once
     if frames:
         q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
@@ -246,7 +265,7 @@ def train(
                              fast=cfg.use_fast_paths,
                              encoder=encoder_for(obs_space)).to(device)  # fmt: skip
         greedy_actions = q_network.greedy_action
-        if cfg.use_fast_paths and hasattr(q_network.encoder, "host"):
+        if cfg.use_fast_paths and hasattr(q_network.encoder, "host") and masks is None:
             # the same argmax in numpy (rlstore/host_networks.py)
             greedy_actions = GreedyActor(q_network.advantage_path, encoder=q_network.encoder)
     target_network = copy.deepcopy(q_network)
@@ -266,14 +285,15 @@ def train(
         priority_eps=cfg.per_eps,
         seed=cfg.seed,
         frame_stack=obs_space.shape[0] if frames else 0,
+        action_mask_shape=None if masks is None else (num_actions,),
     )
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
-    # (rlstore/host_updates.py)
-    fast = cfg.use_fast_paths and buffer.device.type == "cpu"
+    # (rlstore/host_updates.py); it takes no masks
+    fast = cfg.use_fast_paths and buffer.device.type == "cpu" and masks is None
     fast = fast and HostDQNStep.supports(q_network, optimizer)
     fast_step = HostDQNStep(q_network, target_network, optimizer) if fast else None
     obs, _ = envs.reset(seed=cfg.seed)
-    spec = policy_spec(q_network, obs_space, action_space)
+    spec = policy_spec(q_network, obs_space, action_space, masks and masks.source)
     state = TrainingState(envs, q_network, spec, obs, target_model=target_network,
                           optimizer=optimizer, buffer=buffer)  # fmt: skip
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
@@ -284,18 +304,20 @@ def train(
     def act_and_store(epsilon: float) -> np.ndarray:
         """Act epsilon-greedily in every env, store the transitions, count the episodes;
         the next observations."""
-        action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions)
+        mask = None if masks is None else masks.masks
+        action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions, mask)
         next_obs, reward, terminated, truncated, _ = envs.step(action)
         learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
+        both = {} if masks is None else {"action_mask": mask, "next_action_mask": masks.masks}
         buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
-                   None if lives is None else lives.life_lost)  # fmt: skip
+                   None if lives is None else lives.life_lost, **both)  # fmt: skip
         run.record_step(reward, terminated, truncated)
         return next_obs
 
     # The same step with one env, with fewer calls (rlstore/lean.py)
     one_env_step = (
         LeanDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards)
-        if cfg.use_fast_paths and LeanDQNStep.supports(envs, buffer)
+        if cfg.use_fast_paths and LeanDQNStep.supports(envs, buffer) and masks is None
         else None
     )
     with run.start(state):
@@ -340,4 +362,5 @@ ALGORITHM = Algorithm(
     train=train,
     action_spaces=(gym.spaces.Discrete,),
     networks=(QNetwork, CnnQNetwork),
+    action_masks=True,
 )

@@ -130,7 +130,8 @@ def ppo_update(
             if fast_step is not None:
                 losses = fast_step(batch, cfg, diagnostics=i == last)
                 continue
-            new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions)
+            new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions,
+                                                              batch.action_masks)  # fmt: skip
             losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
@@ -188,4 +189,5 @@ ALGORITHM = Algorithm(
     train=train,
     action_spaces=(spaces.Discrete, spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary),
     networks=(ActorCritic, CnnActorCritic),
+    action_masks=True,
 )

@@ -27,6 +27,7 @@ from rlstore.config import Count
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
+from rlstore.masks import masks_of
 from rlstore.networks import (
     CnnRecurrentActorCritic,
     RecurrentActorCritic,
@@ -98,13 +99,18 @@ def collect(
     reward_scale, memory = state.parts.get("reward_scaler"), state.parts["recurrent_state"]
     space, sign_rewards = envs.single_action_space, run.cfg.sign_rewards
     lives = envs if hasattr(envs, "life_lost") else None  # Atari
+    masks = masks_of(envs)  # (None: the env gives none)
     for _ in range(storage.num_steps):
         acting = zero_at_starts(memory.state, storage.current_episode_starts)
         with torch.inference_mode():
-            action, log_prob, value, memory.state = agent.act(storage.current_obs, acting)
+            action, log_prob, value, memory.state = agent.act(
+                storage.current_obs, acting, storage.current_action_mask
+            )
         env_action = action.cpu().numpy()  # the env boundary
         if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
             env_action = np.clip(env_action, space.low, space.high)
+        elif agent.head is not None:  # MultiDiscrete's start, MultiBinary's shape
+            env_action = agent.head.env_action(env_action)
         next_obs, reward, terminated, truncated, _ = envs.step(env_action)
         stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
@@ -112,7 +118,8 @@ def collect(
             stored_reward = np.sign(stored_reward)
         life_lost = None if lives is None else lives.life_lost
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
-                       life_lost, recurrent_state=acting)  # fmt: skip
+                       life_lost, recurrent_state=acting,
+                       action_mask=None if masks is None else masks.masks)  # fmt: skip
         run.record_step(reward, terminated, truncated)
 
 
@@ -145,9 +152,8 @@ def update(
     last = cfg.num_minibatches - 1
     for _epoch in range(cfg.update_epochs):
         for i, batch in enumerate(storage.sequences(cfg.num_minibatches, cfg.sequence_length)):
-            out = agent.evaluate_sequences(
-                batch.obs, batch.actions, batch.initial_state, batch.episode_starts
-            )
+            out = agent.evaluate_sequences(batch.obs, batch.actions, batch.initial_state,
+                                           batch.episode_starts, batch.action_masks)  # fmt: skip
             flat, log_prob, entropy, value = valid_batch(batch, *out)
             losses = ppo_loss(log_prob, value, entropy, flat, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
@@ -166,25 +172,30 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size,
                                        cfg.hidden).to(device)  # fmt: skip
     obs_norm = obs_normalizer_for(cfg, obs_space)
+    masks = masks_of(envs)
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
     storage = RolloutStorage(
-        cfg.num_steps, cfg.num_envs, stored_shape(obs_space), action_space.shape,
+        cfg.num_steps, cfg.num_envs, stored_shape(obs_space),
+        action_space.shape if agent.head is None else agent.head.stored_shape,
         obs_dtype=stored_dtype(obs_space),
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device, fast=cfg.use_fast_paths, recurrent_state_shape=agent.state_shape,
+        action_mask_shape=None if masks is None else (masks.width,),
     )  # fmt: skip
 
     def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
-        storage.reset(obs_norm(obs, update=True) if obs_norm else obs)
+        storage.reset(obs_norm(obs, update=True) if obs_norm else obs,
+                      None if masks is None else masks.masks)  # fmt: skip
 
     obs, _ = envs.reset(seed=cfg.seed)
     start(obs)
     memory = RecurrentState(agent.initial_state(cfg.num_envs, device))
     parts = {"storage": storage, "recurrent_state": memory}
     parts |= {"reward_scaler": reward_scale} if reward_scale else {}
-    state = TrainingState(envs, agent, policy_spec(agent, obs_space, action_space),
+    spec = policy_spec(agent, obs_space, action_space, masks and masks.source)
+    state = TrainingState(envs, agent, spec,
                           on_fresh_envs=start, obs_normalizer=obs_norm, **parts)  # fmt: skip
     return agent, storage, memory, state
 
@@ -224,7 +235,8 @@ ALGORITHM = Algorithm(
     summary="Recurrent PPO: an LSTM actor-critic trained on whole sequences",
     config=PPOLSTMConfig,
     train=train,
-    action_spaces=(spaces.Discrete, spaces.Box),
+    action_spaces=(spaces.Discrete, spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary),
     networks=(RecurrentActorCritic, CnnRecurrentActorCritic),
     defaults="rlstore's PPO defaults, sb3-contrib RecurrentPPO's LSTM layout",
+    action_masks=True,
 )

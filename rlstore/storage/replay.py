@@ -31,6 +31,11 @@ part, each in its own dtype, with the same layout and rules: `obs_shape` and `ob
 are then dicts or tuples of shapes and dtypes, and a batch's obs and next_obs dicts or
 tuples of tensors. A stream goes on where every part of its observation does.
 
+Action masks (`action_mask_shape`) are kept as a part of each row's observation slot:
+`obs` is then the pair (observations, masks), and a batch's `action_masks` and
+`next_action_masks` are the masks of its obs and next_obs, taken from the same slots by
+the same rules (DQN's target maximizes over the next state's allowed actions).
+
 Prioritized replay (proportional, Schaul et al. 2016; storage/priorities.py): a sum tree
 over all (row, env) slots holds priority^alpha; invalid slots hold 0. New transitions get
 the maximum priority seen so far; importance weights (N * P(i))^-beta are divided by the
@@ -72,6 +77,8 @@ class ReplayBatch(NamedTuple):
     discounts: torch.Tensor | np.ndarray
     weights: torch.Tensor | np.ndarray
     indices: torch.Tensor | np.ndarray
+    action_masks: torch.Tensor | np.ndarray | None = None
+    next_action_masks: torch.Tensor | np.ndarray | None = None
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -92,6 +99,12 @@ def _fingerprint(obs: Tree) -> tuple[tuple[np.dtype, bytes], ...]:
 def _host_obs(given: Array, name: str, mine: torch.Tensor) -> np.ndarray:
     """An observation part given for one row of `mine` (a part's storage), checked."""
     return host_array(given, name, mine.shape[1:], mine.dtype)
+
+
+def _with_masks(shapes: Tree, dtypes: Tree, mask_shape: tuple[int, ...]) -> tuple[Tree, Tree]:
+    """The shapes and dtypes of a slot that keeps (observation, action mask)."""
+    dtypes = map_shapes(lambda _, dtype: dtype, shapes, dtypes)  # one per part
+    return (shapes, tuple(mask_shape)), (dtypes, torch.bool)
 
 
 def _slots(obs: Array) -> Array:
@@ -128,6 +141,7 @@ class ReplayBuffer:
         action_dtype: torch.dtype | np.dtype | type = torch.int64,
         prioritized: bool = False,
         frame_stack: int = 0,
+        action_mask_shape: tuple[int, ...] | None = None,
     ) -> tuple[int, int]:
         """(observation bytes, on the buffer's device; other bytes, in host memory) that a
         buffer of these arguments allocates, so that a caller can refuse one that will not
@@ -138,6 +152,8 @@ class ReplayBuffer:
             obs, host = FrameStacks.memory_bytes(slots, num_envs, obs_shape, _itemsize(obs_dtype))
             host += slots  # lost
         else:
+            if action_mask_shape is not None:
+                obs_shape, obs_dtype = _with_masks(obs_shape, obs_dtype, action_mask_shape)
             per_slot = map_shapes(lambda shape, dtype: _numel(shape) * _itemsize(dtype),
                                   obs_shape, obs_dtype)  # fmt: skip
             obs, host = slots * sum(leaves(per_slot)), 0
@@ -165,6 +181,7 @@ class ReplayBuffer:
         seed: int | None = None,
         frame_stack: int = 0,
         start_capacity: int | None = None,
+        action_mask_shape: tuple[int, ...] | None = None,
     ) -> None:
         if num_envs < 1 or capacity < 1:
             raise ValueError(f"capacity ({capacity}) and num_envs ({num_envs}) must be >= 1")
@@ -187,6 +204,9 @@ class ReplayBuffer:
         self.frame_stack = frame_stack
         self._host_names = self._HOST_TENSORS
         self.stacks: FrameStacks | None = None
+        self.action_mask_shape = action_mask_shape
+        if frame_stack and action_mask_shape is not None:
+            raise ValueError("a frame-stack buffer does not keep action masks")
         if frame_stack:
             if not is_shape(self.obs_shape) or self.obs_shape[:1] != (frame_stack,):
                 raise ValueError(
@@ -200,9 +220,12 @@ class ReplayBuffer:
             self.lost = torch.zeros((R, N), dtype=torch.bool)
             self._host_names = (*self._HOST_TENSORS, "lost")
         else:
+            shapes, dtypes = self.obs_shape, self.obs_dtype
+            if action_mask_shape is not None:  # (observations, masks) in each slot
+                shapes, dtypes = _with_masks(shapes, dtypes, action_mask_shape)
             self.obs = map_shapes(
                 lambda shape, dtype: torch.zeros((R, N, *shape), dtype=dtype, device=self.device),
-                self.obs_shape, self.obs_dtype,
+                shapes, dtypes,
             )  # fmt: skip
         # Host tensors, written and read through numpy views (no torch call per field).
         self.actions = torch.zeros((R, N, *self.action_shape), dtype=torch_dtype(action_dtype))
@@ -237,8 +260,11 @@ class ReplayBuffer:
         terminated: Array,
         truncated: Array,
         life_lost: Array | None = None,
+        action_mask: Array | None = None,
+        next_action_mask: Array | None = None,
     ) -> None:
         """Record one vector step (pseudo-steps included: they are recognised and skipped).
+        A buffer with action masks takes obs's and next_obs's masks too.
 
         `life_lost` (Atari): a life ended while the game goes on. Such a transition is stored
         as terminated (its target has no bootstrap, n-step windows end there), but the env was
@@ -249,6 +275,16 @@ class ReplayBuffer:
         next_obs and the transition goes into the row after it.
         """
         N = self.num_envs
+        if (action_mask is None or next_action_mask is None) != (self.action_mask_shape is None):
+            raise ValueError(
+                "action_mask and next_action_mask must be given exactly when the buffer was "
+                "made with action_mask_shape"
+            )
+        if self.action_mask_shape is not None:  # kept beside each observation
+            shape = (N, *self.action_mask_shape)
+            obs = (obs, host_array(action_mask, "action_mask", shape, torch.bool))
+            next_obs = (next_obs, host_array(next_action_mask, "next_action_mask", shape,
+                                             torch.bool))  # fmt: skip
         if self.stacks is not None:
             shape, dtype = (N, *self.obs_shape), self.obs_dtype
             obs = host_array(obs, "obs", shape, dtype)
@@ -451,6 +487,9 @@ class ReplayBuffer:
             terminated = terminated.bool()
             actions = to_device(actions, self.sample_device)
         obs, next_obs = take(obs, 0), take(obs, 1)
+        masks = {}
+        if self.action_mask_shape is not None:
+            (obs, masks["action_masks"]), (next_obs, masks["next_action_masks"]) = obs, next_obs
         return ReplayBatch(
             obs=obs,
             actions=actions,
@@ -460,6 +499,7 @@ class ReplayBuffer:
             discounts=discounts,
             weights=weights,
             indices=torch.from_numpy(self._transition_ids(flat)),
+            **masks,
         )
 
     def sample_host(self, batch_size: int, beta: float = 0.4) -> ReplayBatch:
@@ -469,16 +509,20 @@ class ReplayBuffer:
             raise ValueError("sample_host needs a buffer of flat observations in host memory")
         flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
         both = np.stack((flat, next_flat))
-        obs = map_parts(lambda view: _slots(view)[both], self._obs_view)
+        stored = map_parts(lambda view: _slots(view)[both], self._obs_view)
+        obs, next_obs, masks = take(stored, 0), take(stored, 1), {}
+        if self.action_mask_shape is not None:
+            (obs, masks["action_masks"]), (next_obs, masks["next_action_masks"]) = obs, next_obs
         return ReplayBatch(
-            obs=take(obs, 0),
+            obs=obs,
             actions=self._host["actions"].reshape(-1, *self.action_shape)[flat],
             rewards=rewards.astype(np.float32),
-            next_obs=take(obs, 1),
+            next_obs=next_obs,
             terminated=terminated,
             discounts=discounts.astype(np.float32),
             weights=weights.astype(np.float32),
             indices=self._transition_ids(flat),
+            **masks,
         )
 
     def _draw(self, batch_size: int, beta: float) -> tuple[np.ndarray, ...]:

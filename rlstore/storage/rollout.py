@@ -22,6 +22,10 @@ part, each in its own dtype: `obs_shape` and `obs_dtype` are then dicts or tuple
 shapes and dtypes, and `obs`, `current_obs` and the batches' `obs` dicts or tuples of
 tensors. Every rule above holds for each part.
 
+Action masks (`action_mask_shape`): `action_masks[t]` is the mask of obs[t], written with
+it (reset, insert), so that an update recomputes log-probs and entropies under the masks
+collection acted with; the batches carry them as `action_masks`.
+
 A recurrent policy (`recurrent_state_shape`) also stores the state each step's action was
 taken from, and `sequences` hands out minibatches of whole sequences (time-major, with
 the state at each sequence's start), so that the policy replays its recurrence exactly.
@@ -104,6 +108,7 @@ class RolloutBatch(NamedTuple):
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    action_masks: torch.Tensor | None = None
 
 
 class RecurrentBatch(NamedTuple):
@@ -122,6 +127,7 @@ class RecurrentBatch(NamedTuple):
     valid: torch.Tensor
     episode_starts: torch.Tensor
     initial_state: torch.Tensor
+    action_masks: torch.Tensor | None = None
 
 
 class RolloutStorage:
@@ -152,6 +158,7 @@ class RolloutStorage:
         device: torch.device | str = "cpu",
         fast: bool = True,
         recurrent_state_shape: tuple[int, ...] | None = None,
+        action_mask_shape: tuple[int, ...] | None = None,
     ) -> None:
         if num_steps < 1 or num_envs < 1:
             raise ValueError(f"num_steps and num_envs must be >= 1, got {num_steps}, {num_envs}")
@@ -191,6 +198,12 @@ class RolloutStorage:
             if recurrent_state_shape is None
             else torch.zeros((T, N, *recurrent_state_shape), device=dev)
         )
+        # The mask of each observation's allowed actions, where the env gives them.
+        self.action_masks = (
+            None
+            if action_mask_shape is None
+            else torch.ones((T + 1, N, *action_mask_shape), dtype=torch.bool, device=dev)
+        )
         # In host memory, insert writes through numpy views (and compute_returns runs in
         # numpy): a numpy assignment costs a fraction of a torch copy_ call, and the step
         # loop makes seven of them. fast=False keeps the torch code everywhere.
@@ -222,6 +235,11 @@ class RolloutStorage:
         return map_parts(lambda obs: obs[step], self._views["obs"])
 
     @property
+    def current_action_mask(self) -> torch.Tensor | None:
+        """The action mask of current_obs (None: a storage without masks)."""
+        return None if self.action_masks is None else self.action_masks[self.step]
+
+    @property
     def on_host(self) -> bool:
         """Whether insert writes numpy views of host memory (the fast path)."""
         return self._views is not None
@@ -236,8 +254,9 @@ class RolloutStorage:
         """Whether a lost life was ever given to insert (Atari)."""
         return self._lives
 
-    def reset(self, obs: Array | None = None) -> None:
-        """Forget the rollout and any episode in progress; optionally set the first observation."""
+    def reset(self, obs: Array | None = None, action_mask: Array | None = None) -> None:
+        """Forget the rollout and any episode in progress; optionally set the first
+        observation (and its action mask, for a storage with masks)."""
         self.step = 0
         self.prev_done.zero_()
         self.valid.zero_()
@@ -245,7 +264,21 @@ class RolloutStorage:
         self._returns_ready = False
         if obs is not None:
             obs = check_parts(_checked_obs, obs, self.obs, "obs")
+            mask = self._checked_mask(action_mask, obs is not None)
             map_parts(lambda mine, given: copy_in(mine[0], given), self.obs, obs)
+            if mask is not None:
+                copy_in(self.action_masks[0], mask)
+
+    def _checked_mask(self, action_mask: Array | None, needed: bool) -> torch.Tensor | None:
+        """A step's action mask, checked; given exactly when the storage keeps masks."""
+        if (action_mask is None) != (self.action_masks is None or not needed):
+            raise ValueError(
+                "action_mask must be given exactly when the storage was made with "
+                "action_mask_shape"
+            )
+        if action_mask is None:
+            return None
+        return checked(action_mask, "action_mask", self.action_masks.shape[1:], torch.bool)
 
     def insert(
         self,
@@ -258,11 +291,12 @@ class RolloutStorage:
         truncated: Array,
         life_lost: Array | None = None,
         recurrent_state: Array | None = None,
+        action_mask: Array | None = None,
     ) -> None:
         """Record one vector step taken at `current_obs`; `next_obs` is what the env returned.
         `life_lost` (Atari): a life ended without the game ending. `recurrent_state`: the
         state the action was taken from (a storage made with recurrent_state_shape needs
-        it)."""
+        it). `action_mask`: next_obs's (a storage made with action_mask_shape needs it)."""
         t = self.step
         if t >= self.num_steps:
             raise IndexError(
@@ -275,10 +309,13 @@ class RolloutStorage:
                 "recurrent_state must be given exactly when the storage was made with "
                 "recurrent_state_shape"
             )
-        if recurrent_state is not None:  # checked first: a bad one leaves nothing written
+        mask = self._checked_mask(action_mask, True)  # checked first: nothing written if bad
+        if recurrent_state is not None:
             state = checked(recurrent_state, "recurrent_state", self.recurrent_states.shape[1:],
                             torch.float32)  # fmt: skip
             copy_in(self.recurrent_states[t], state)
+        if mask is not None:
+            copy_in(self.action_masks[t + 1], mask)
         if self._views is not None:
             self._insert_on_host(
                 t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost
@@ -362,8 +399,8 @@ class RolloutStorage:
         """k vector steps at once, from current_obs on (each argument has a leading axis of
         k): the same as k calls of insert without life_lost, with one write per field."""
         t, k, N = self.step, len(terminated), self.num_envs
-        if self.recurrent_states is not None:
-            raise ValueError("insert_steps does not take recurrent states; use insert")
+        if self.recurrent_states is not None or self.action_masks is not None:
+            raise ValueError("insert_steps takes no recurrent states or masks; use insert")
         if k == 0:
             return
         if t + k > self.num_steps:
@@ -465,6 +502,8 @@ class RolloutStorage:
             "truncated": self.truncated[: self.step],
             "life_lost": self.life_lost[: self.step],
         }
+        if self.action_masks is not None:
+            fields["action_masks"] = self.action_masks[: self.step]
         if self._returns_ready:
             fields["advantages"] = self.advantages
             fields["returns"] = self.returns
@@ -481,7 +520,7 @@ class RolloutStorage:
         """
         if not self._returns_ready:
             raise RuntimeError("call compute_returns() before minibatches()")
-        T = self.num_steps
+        T, N = self.num_steps, self.num_envs
         valid_index = np.flatnonzero(self._valid)  # host flags: no device read
         if num_minibatches < 1 or num_minibatches > max(len(valid_index), 1):
             raise ValueError(
@@ -497,8 +536,10 @@ class RolloutStorage:
             self.advantages.reshape(-1),
             self.returns.reshape(-1),
         )
+        masks = None if self.action_masks is None else self.action_masks[:T].reshape(T * N, -1)
         for index in order.tensor_split(num_minibatches):
-            yield RolloutBatch(take(obs, index), *(x[index] for x in flat))
+            yield RolloutBatch(take(obs, index), *(x[index] for x in flat),
+                               None if masks is None else masks[index])  # fmt: skip
 
     def sequences(
         self,
@@ -529,6 +570,7 @@ class RolloutStorage:
             )  # fmt: skip
 
         obs = map_parts(chunked, self.obs)
+        masks = None if self.action_masks is None else chunked(self.action_masks)
         fields = [chunked(x) for x in (self.actions, self.log_probs, self.values,
                                        self.advantages, self.returns)]  # fmt: skip
         flags = [to_device(chunked(x), self.device) for x in (self.valid, self.episode_starts)]
@@ -538,12 +580,15 @@ class RolloutStorage:
             yield RecurrentBatch(
                 take(obs, (slice(None), index)),
                 *(x[:, index] for x in fields), *(x[:, index] for x in flags), starts[index],
+                None if masks is None else masks[:, index],
             )  # fmt: skip
 
     def after_update(self) -> None:
         """Start the next rollout from the last observation; episodes in progress carry on."""
         step = self.step
         map_parts(lambda obs: obs[0].copy_(obs[step]), self.obs)
+        if self.action_masks is not None:
+            self.action_masks[0].copy_(self.action_masks[step])
         self._starts[0] = self._starts[self.step]
         self.step = 0
         self._returns_ready = False
@@ -567,7 +612,8 @@ class RolloutStorage:
     )
 
     def _tensors(self) -> tuple[str, ...]:
-        return self._TENSORS + (("recurrent_states",) if self.recurrent_states is not None else ())
+        optional = ("recurrent_states", "action_masks")
+        return self._TENSORS + tuple(n for n in optional if getattr(self, n) is not None)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {

@@ -1,0 +1,275 @@
+"""Action masks (rlstore/masks.py): masked sampling against torch.distributions on the
+renormalized policy, the storages keeping each observation's mask with it, DQN's target
+over the next state's allowed actions against a naive loop, the update seeing the masks
+collection saw, and envs that raise on a masked action trained end to end."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import space_envs  # noqa: F401 (registers the test envs)
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_replay_buffer import naive_n_step, scalar_stream
+from tiny_runs import SETUPS, replace, resumes_bitwise
+
+import rlstore
+from rlstore import ReplayBuffer, RolloutStorage
+from rlstore.action_heads import MultiCategoricalHead, inverse_cdf
+from rlstore.algos.dqn import DQNConfig, td_loss
+from rlstore.errors import UsageError
+from rlstore.evaluate import evaluate
+from rlstore.masks import ActionMasks, mask_source
+from rlstore.networks import QNetwork, sample_categorical
+from rlstore.storage.replay import ReplayBatch
+
+
+def random_masks(rng, rows, width):
+    """Masks with at least one allowed action per row."""
+    masks = rng.random((rows, width)) < 0.5
+    masks[np.arange(rows), rng.integers(0, width, rows)] = True
+    return masks
+
+
+def test_masked_categorical_samples_the_renormalized_policy():
+    """Frequencies of 40k draws per row within 5 sigma of softmax over the allowed actions;
+    a masked action is never drawn; log-probs are torch.distributions' on masked logits."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    logits = torch.randn(4, 5) * 2
+    mask = torch.from_numpy(random_masks(rng, 4, 5))
+    draws = 40_000
+    actions, log_probs = sample_categorical(logits.repeat(draws, 1), mask.repeat(draws, 1))
+    actions = actions.view(draws, 4)
+    allowed = torch.where(mask, logits, -torch.inf).softmax(-1)
+    for row in range(4):
+        counts = torch.bincount(actions[:, row], minlength=5).double()
+        p = allowed[row].double()
+        sigma = (draws * p * (1 - p)).sqrt()
+        assert (counts[~mask[row]] == 0).all()
+        assert ((counts - draws * p).abs() <= 5 * sigma + 1e-9).all()
+    reference = torch.distributions.Categorical(logits=torch.where(mask, logits, -torch.inf))
+    torch.testing.assert_close(log_probs.view(draws, 4)[0], reference.log_prob(actions[0]))
+
+
+def test_multi_discrete_masks_apply_per_sub_action():
+    torch.manual_seed(1)
+    head = MultiCategoricalHead([3, 2])
+    logits = torch.randn(1, 5).repeat(20_000, 1)
+    mask = torch.tensor([[False, True, True, True, False]]).repeat(20_000, 1)
+    actions, log_prob = head.sample(logits, mask)
+    assert (actions[:, 0] != 0).all() and (actions[:, 1] == 0).all()
+    got_lp, entropy = head.log_prob_and_entropy(logits.masked_fill(~mask, -1e8), actions)
+    first = torch.distributions.Categorical(logits=logits[0, :3].masked_fill(~mask[0, :3], -1e9))
+    torch.testing.assert_close(got_lp, first.log_prob(actions[:, 0]))  # the second is certain
+    torch.testing.assert_close(entropy[0], first.entropy(), rtol=1e-5, atol=1e-6)
+    assert (head.mode(logits[:1], mask[:1]) != torch.tensor([[0, 1]])).any()
+
+
+def test_a_draw_above_a_rounded_total_takes_the_last_allowed_action(monkeypatch):
+    """Probabilities summing to a little under 1 and a uniform draw above that sum: the
+    sample is the last allowed action, never the masked action after it."""
+    log_probs = torch.tensor([[0.3, 0.6, 0.0]]).log()  # sums to 0.9
+    monkeypatch.setattr(torch, "rand", lambda *shape, device=None: torch.full(shape, 0.95))
+    assert inverse_cdf(log_probs, torch.tensor([[True, True, False]])).item() == 1
+    assert inverse_cdf(log_probs).item() == 2  # (no mask: the last action, as before)
+
+
+# -- the storages keep each observation's mask -------------------------------------------------
+
+
+def mask_of(ids):
+    """A mask that is a function of an observation id, so a mask from another slot shows."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    bits = (ids[:, None] >> np.arange(4)) & 1
+    bits[:, 0] = 1  # at least one action allowed
+    return bits.astype(bool)
+
+
+class MaskedStream:
+    """ReplayBuffer.add that passes the masks of obs and next_obs (tests/test_replay_buffer's
+    scalar_stream calls it as it calls a buffer's add)."""
+
+    def __init__(self, buffer):
+        self.buffer, self.num_envs = buffer, buffer.num_envs
+
+    def add(self, obs, action, reward, next_obs, term, trunc):
+        self.buffer.add(obs, action, reward, next_obs, term, trunc,
+                        action_mask=mask_of(obs), next_action_mask=mask_of(next_obs))  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    num_envs=st.integers(1, 3),
+    steps=st.integers(1, 30),
+    done_prob=st.floats(0.0, 0.5),
+    reset_prob=st.sampled_from([0.0, 0.2]),
+    prioritized=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_replay_keeps_the_mask_of_obs_and_of_the_bootstrap_obs(
+    n, num_envs, steps, done_prob, reset_prob, prioritized, seed
+):
+    """Each sampled transition's masks are those of its obs and of its n-step bootstrap
+    observation (the true final one at a truncation), over dones, resets and PER."""
+    rng = np.random.default_rng(seed)
+    buffer = ReplayBuffer(1000, num_envs, (1,), n_step=n, gamma=0.9, seed=seed,
+                          prioritized=prioritized, action_mask_shape=(4,))  # fmt: skip
+    transitions = scalar_stream(MaskedStream(buffer), steps, rng, done_prob, reset_prob=reset_prob)
+    expected = naive_n_step(transitions, n, 0.9)
+    batch = buffer.sample(2000)
+    obs, next_obs = batch.obs[:, 0].numpy(), batch.next_obs[:, 0].numpy()
+    np.testing.assert_array_equal(next_obs, [expected[o][1] for o in obs.tolist()])
+    np.testing.assert_array_equal(batch.action_masks.numpy(), mask_of(obs))
+    np.testing.assert_array_equal(batch.next_action_masks.numpy(), mask_of(next_obs))
+    host = buffer.sample_host(64)
+    np.testing.assert_array_equal(host.next_action_masks, mask_of(host.next_obs[:, 0]))
+    obs_bytes = buffer.memory_bytes(1000, num_envs, (1,), action_mask_shape=(4,))[0]
+    assert obs_bytes == buffer.obs[0].nbytes + buffer.obs[1].nbytes
+
+
+def test_replay_with_masks_refuses_adds_without_them():
+    buffer = ReplayBuffer(10, 1, (1,), action_mask_shape=(4,))
+    one, no = np.zeros((1, 1), np.float32), np.zeros(1, bool)
+    with pytest.raises(ValueError, match="action_mask and next_action_mask must be given"):
+        buffer.add(one, np.zeros(1, np.int64), np.zeros(1), one, no, no)
+    with pytest.raises(TypeError, match="next_action_mask has dtype torch.float32"):
+        float_mask = np.ones((1, 4), np.float32)
+        buffer.add(one, np.zeros(1, np.int64), np.zeros(1), one, no, no,
+                   action_mask=mask_of([0]), next_action_mask=float_mask)  # fmt: skip
+
+
+def test_rollout_minibatches_carry_each_observations_mask():
+    T, N = 5, 3
+    rng = np.random.default_rng(2)
+    storage = RolloutStorage(T, N, (1,), action_mask_shape=(4,))
+    ids = rng.integers(0, 16, (T + 1, N))
+    storage.reset(ids[0, :, None].astype(np.float32), mask_of(ids[0]))
+    for t in range(T):
+        done = rng.random(N) < 0.3
+        storage.insert(ids[t + 1, :, None].astype(np.float32), np.zeros(N, np.int64),
+                       np.zeros(N, np.float32), np.zeros(N, np.float32), np.zeros(N), done,
+                       np.zeros(N, bool), action_mask=mask_of(ids[t + 1]))  # fmt: skip
+    storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
+    for batch in storage.minibatches(2):
+        np.testing.assert_array_equal(batch.action_masks.numpy(), mask_of(batch.obs[:, 0]))
+    with pytest.raises(ValueError, match="action_mask must be given exactly"):
+        storage.after_update()
+        storage.insert(*([np.zeros((N, 1), np.float32)] + [np.zeros(N)] * 4 + [done, done]))
+
+
+# -- DQN's target --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("double_dqn", [False, True])
+def test_dqn_target_maximizes_over_the_next_states_allowed_actions(double_dqn):
+    """Against a row-by-row loop; a terminated next state that allows nothing adds 0."""
+    torch.manual_seed(3)
+    rng = np.random.default_rng(3)
+    B, A = 32, 4
+    online, target = QNetwork(3, A, (16,)), QNetwork(3, A, (16,))
+    next_masks = random_masks(rng, B, A)
+    next_masks[0] = False  # a final observation with no allowed action...
+    terminated = rng.random(B) < 0.3
+    terminated[0] = True  # ...at a termination
+    batch = ReplayBatch(
+        obs=torch.randn(B, 3), actions=torch.from_numpy(rng.integers(0, A, B)),
+        rewards=torch.randn(B), next_obs=torch.randn(B, 3),
+        terminated=torch.from_numpy(terminated), discounts=torch.full((B,), 0.9),
+        weights=torch.ones(B), indices=torch.arange(B),
+        action_masks=torch.from_numpy(random_masks(rng, B, A)),
+        next_action_masks=torch.from_numpy(next_masks),
+    )  # fmt: skip
+    cfg = DQNConfig(double_dqn=double_dqn, loss="mse")
+    _, td_error, q_value = td_loss(online, target, batch, cfg)
+    with torch.no_grad():
+        q_next_target, q_next_online = target(batch.next_obs), online(batch.next_obs)
+    for i in range(B):
+        allowed = np.flatnonzero(next_masks[i])
+        if terminated[i]:
+            bootstrap = 0.0
+        elif double_dqn:
+            best = allowed[int(np.argmax(q_next_online[i, allowed].numpy()))]
+            bootstrap = float(q_next_target[i, best])
+        else:
+            bootstrap = float(q_next_target[i, allowed].max())
+        expected = float(batch.rewards[i]) + 0.9 * bootstrap
+        assert float(q_value[i] - td_error[i]) == pytest.approx(expected, abs=1e-5)
+
+
+# -- envs -------------------------------------------------------------------------------------
+
+
+def test_action_masks_reads_either_convention_and_checks_them():
+    pick = gym.vector.SyncVectorEnv([lambda: gym.make("space_envs:MaskedPick-v0")] * 2)
+    single = gym.make("space_envs:MaskedPick-v0")
+    assert mask_source(single, single.reset(seed=0)[1]) == "info"
+    envs = ActionMasks(pick, "info")
+    obs, _ = envs.reset(seed=0)
+    assert envs.masks.dtype == bool and envs.masks[np.arange(2), obs].all()
+    pair = gym.make("space_envs:MaskedPair-v0")
+    assert mask_source(pair, pair.reset(seed=0)[1]) == "method"
+    pairs = ActionMasks(gym.vector.SyncVectorEnv([lambda: gym.make("space_envs:MaskedPair-v0")]),
+                        "method")  # fmt: skip
+    pairs.reset(seed=1)
+    assert (
+        pairs.masks.shape == (1, 5) and pairs.masks[0, 3:].all() and pairs.masks[0, :3].sum() == 2
+    )
+    with pytest.raises(UsageError, match=r"are int64 of shape \(3,\) per env"):
+        envs._read({"action_mask": np.ones((2, 3), np.int64)}, np.zeros(2, bool))
+    nothing = np.zeros((2, 4), bool)
+    with pytest.raises(UsageError, match="env 0's action mask allows no action"):
+        envs._read({"action_mask": nothing}, np.zeros(2, bool))
+    envs._read({"action_mask": nothing}, np.ones(2, bool))  # done envs need not allow one
+    box = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
+    with pytest.raises(UsageError, match="not Box"):
+        ActionMasks(box, "info")
+
+
+@pytest.mark.parametrize("algo, env_id", [("ppo", "MaskedPair-v0"), ("dqn", "MaskedPick-v0"),
+                                           ("ppo_lstm", "MaskedPair-v0")])  # fmt: skip
+def test_a_masked_run_resumes_bitwise_and_plays_under_masks(algo, env_id, tmp_path, monkeypatch):
+    """The envs raise on a masked action: collection, exploration and evaluation never
+    take one; the masks are saved with the run (storage, env wrapper) and restored."""
+    from rlstore import checkpoint
+
+    monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS",
+                        checkpoint.SAVEABLE_ENVS + ("MaskedPick", "MaskedPair"))  # fmt: skip
+    module, cfg = SETUPS[algo]
+    cfg = replace(cfg, env_id=f"space_envs:{env_id}", logdir=str(tmp_path), max_episode_steps=None)
+    full = resumes_bitwise(module, cfg)
+    policy = rlstore.load_policy(full.run_dir)
+    assert policy.mask_source == ("method" if env_id == "MaskedPair-v0" else "info")
+    if env_id == "MaskedPick-v0":
+        masks = np.array([[False, True, True, True], [True, False, False, False]])
+        actions = policy(np.array([0, 1]), action_mask=masks)
+        assert masks[np.arange(2), actions].all()
+    evaluate(full.run_dir, episodes=3)  # the env raises on a masked action
+
+
+def test_the_update_sees_the_log_probs_collection_acted_with(tmp_path):
+    """Before any update, log-probs recomputed from the storage under its masks equal the
+    ones collection stored; without the masks they differ (the test can fail)."""
+    from rlstore.algos._on_policy import build_actor_critic, collect_rollout
+    from rlstore.algos.ppo import ALGORITHM, PPOConfig
+    from rlstore.run import Run
+
+    cfg = PPOConfig(env_id="space_envs:MaskedPair-v0", num_envs=2, num_steps=32,
+                    total_timesteps=64, logdir=str(tmp_path), progress=False)  # fmt: skip
+    run = Run(cfg, "ppo", None, None, ())
+    agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
+    with run.start(state):
+        collect_rollout(agent, storage, state, run)
+        data = storage.flatten()
+        with torch.no_grad():
+            masked = agent.evaluate(data["obs"], data["actions"], data["action_masks"])[0]
+            unmasked = agent.evaluate(data["obs"], data["actions"])[0]
+    torch.testing.assert_close(masked, data["log_probs"])
+    assert not torch.allclose(unmasked, data["log_probs"])
+
+
+def test_masks_off_ignores_them(tmp_path):
+    with pytest.raises(ValueError, match="is masked"):
+        rlstore.train("ppo", env="space_envs:MaskedPick-v0", action_masks="off",
+                      total_timesteps=2048, logdir=str(tmp_path), progress=False)  # fmt: skip
