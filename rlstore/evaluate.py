@@ -152,7 +152,6 @@ class Policy:
             action = np.clip(action, self.info["action_low"], self.info["action_high"])
         return action[0] if single else action
 
-
     def _mask(self, action_mask: np.ndarray, single: bool) -> torch.Tensor:
         mask = torch.as_tensor(np.asarray(action_mask, dtype=bool), device=self.device)
         return mask[None] if single else mask

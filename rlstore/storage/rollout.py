@@ -273,8 +273,7 @@ class RolloutStorage:
         """A step's action mask, checked; given exactly when the storage keeps masks."""
         if (action_mask is None) != (self.action_masks is None or not needed):
             raise ValueError(
-                "action_mask must be given exactly when the storage was made with "
-                "action_mask_shape"
+                "action_mask must be given exactly when the storage was made with action_mask_shape"
             )
         if action_mask is None:
             return None
