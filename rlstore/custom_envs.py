@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from rlstore.errors import UsageError
 
@@ -71,7 +72,8 @@ def _attribute(obj: Any, dotted: str) -> Any:
 
 def wrap(env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = ()) -> gym.Env:
     """`env` wrapped by each "module:Callable" in order (each must return a gymnasium
-    Env), then without the Dict observation keys `drop_keys` (--drop-obs-keys)."""
+    Env), then without the Dict observation keys `drop_keys` (--drop-obs-keys), and with
+    Box actions of more than one dimension flattened (FlatBoxActions)."""
     for path in wrappers:
         wrapped = load_callable(path, "--wrapper")(env)
         if not isinstance(wrapped, gym.Env):
@@ -80,7 +82,27 @@ def wrap(env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = ()) -
                 "give a callable that takes the env and returns the wrapped env"
             )
         env = wrapped
-    return without_keys(env, drop_keys) if drop_keys else env
+    env = without_keys(env, drop_keys) if drop_keys else env
+    space = env.action_space
+    return (
+        FlatBoxActions(env) if isinstance(space, gym.spaces.Box) and len(space.shape) > 1 else env
+    )
+
+
+class FlatBoxActions(gym.ActionWrapper):
+    """A Box action space of any shape as a flat one: the algorithms act in a vector of
+    prod(shape) entries, which this reshapes for the env (an action in the env's own shape
+    passes too). Bounds are the env's, flattened."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.action_space
+        self.env_shape = space.shape
+        self.action_space = gym.spaces.Box(space.low.reshape(-1), space.high.reshape(-1),
+                                           dtype=space.dtype)  # fmt: skip
+
+    def action(self, action: Any) -> np.ndarray:
+        return np.asarray(action).reshape(self.env_shape)
 
 
 def without_keys(env: gym.Env, drop_keys: Sequence[str]) -> gym.Env:

@@ -146,7 +146,8 @@ def check_spaces(
             f"{algorithm.name.upper()} needs a {kinds} action space; {env_id} has "
             f"{action_space}{offer}"
         )
-    box_1d = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
+    box_1d = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1  # (any
+    # other Box is flattened by custom_envs.wrap)
     several = isinstance(action_space, (spaces.MultiDiscrete, spaces.MultiBinary))
     if not (isinstance(action_space, spaces.Discrete) or box_1d or several):
         raise UsageError(
@@ -364,8 +365,11 @@ def _make_gymnasium_vec_env(
         except TypeError:  # observations it does not handle: rlstore refuses them later
             return gym.vector.SyncVectorEnv(env_fns)
     # the user's wrappers first, each as a picklable call (async workers get them)
-    layers = ([functools.partial(wrap, wrappers=maker.wrappers, drop_keys=maker.drop_keys)]
-              if maker.wrapped else [])  # fmt: skip
+    # each env through wrap (which also flattens Box actions of more than one dimension);
+    # a native vector env takes no wrappers (refused above when the user gave some)
+    native = mode == "vector_entry_point"
+    layers = [] if native else [functools.partial(wrap, wrappers=maker.wrappers,
+                                                  drop_keys=maker.drop_keys)]  # fmt: skip
     layers += [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
     if mode == "async":
         layers.append(WorkerAccess)

@@ -253,9 +253,33 @@ class MaskedPair(gym.Env):
         return self._observe(), reward, False, False, {}
 
 
+class BoxGrid(gym.Env):
+    """A 2x2 Box action: reward -mean((a - target)^2), the target +-0.5 by the sign of the
+    observation's entries, [[x0, x1], [-x0, -x1]]; the env raises on an action of another
+    shape."""
+
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Box(-1, 1, (2, 2), np.float32)
+
+    def _observe(self):
+        self.obs = self.np_random.choice([-1.0, 1.0], 2).astype(np.float32)
+        return self.obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        if np.shape(action) != (2, 2):
+            raise ValueError(f"BoxGrid takes (2, 2) actions, got {np.shape(action)}")
+        target = 0.5 * np.stack([self.obs, -self.obs])
+        reward = -float(np.mean((np.asarray(action) - target) ** 2))
+        return self._observe(), reward, False, False, {}
+
+
 for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10), (PickTwo, 5),
                      (CopyBits, 5), (DictTarget, 5), (TupleCount, 5), (DictScale, 10),
-                     (Mission, 5), (MaskedPick, 5), (MaskedPair, 5)):  # fmt: skip
+                     (Mission, 5), (MaskedPick, 5), (MaskedPair, 5), (BoxGrid, 5)):  # fmt: skip
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
 
