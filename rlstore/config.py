@@ -97,6 +97,10 @@ class CommonConfig:
     action_masks: Literal["auto", "off"] = "auto"
     """auto: act under the env's action masks where it gives them, as info["action_mask"]
     (Taxi-v4) or an action_masks() method (PPO, A2C, ppo_lstm, DQN); off: ignore them."""
+    cnn_channels: tuple[int, ...] = (16, 32, 64)
+    """Channels of the 2x2 convolutions of the CNN for images under 36 pixels a side
+    (MiniGrid's 7x7 views; PPO, A2C, ppo_lstm, DQN). Larger images take the Nature CNN
+    (32-64-64, as published); Atari frame stacks keep their own networks."""
     sticky_actions: bool = False
     """Atari only: repeat the previous action with probability 0.25 (the v5 ids' default).
     Off by default, as in the published tables rlstore compares with."""
@@ -164,6 +168,7 @@ class CommonConfig:
         from rlstore.custom_envs import parse_env_kwargs, split_callable_path
 
         parse_env_kwargs(self.env_kwargs)
+        check_widths("--cnn-channels", self.cnn_channels)
         for path in self.wrapper:
             split_callable_path(path, "--wrapper")
         if self.capture_video and not self.eval_every:

@@ -157,14 +157,18 @@ class ImageEncoder(nn.Module):
     pixels a side up, the small CNN below that; scaled inside (uint8 all the way to
     here)."""
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], channels: tuple[int, ...] = SMALL_CNN_CHANNELS
+    ) -> None:
         super().__init__()
         self.channels_last = image_layout(shape) == "channels_last"
         c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         if min(h, w) < 2:
             raise ValueError(f"an image of {shape} is too small for a CNN")
-        build = nature_cnn if min(h, w) >= NATURE_CNN_MIN_SIZE else small_cnn
-        self.cnn = build(c, (h, w))
+        if min(h, w) >= NATURE_CNN_MIN_SIZE:
+            self.cnn = nature_cnn(c, (h, w))
+        else:  # (`channels`: the small CNN's, --cnn-channels)
+            self.cnn = small_cnn(c, (h, w), tuple(channels))
         with torch.no_grad():
             self.out_dim = int(self.cnn(torch.zeros(1, c, h, w, dtype=torch.uint8)).shape[1])
 
@@ -224,15 +228,19 @@ def stored_shape(space: gym.Space) -> Any:
     return tuple(space.shape)
 
 
-def describe_space(space: gym.Space, name: str = "") -> dict[str, Any]:
+def describe_space(
+    space: gym.Space, name: str = "", cnn_channels: tuple[int, ...] | None = None
+) -> dict[str, Any]:
     """A JSON-able description of an observation space, which model.pt keeps and
     `encoder_from_description` reads. `name`: where the space sits in a Dict or Tuple
-    (for the message of a part rlstore cannot encode)."""
+    (for the message of a part rlstore cannot encode); `cnn_channels`: the small CNN's
+    channels for images below the Nature CNN's size (None: SMALL_CNN_CHANNELS)."""
     if isinstance(space, spaces.Dict):
-        return {"type": "dict", "parts": {k: describe_space(part, f"{name}[{k!r}]")
+        return {"type": "dict", "parts": {k: describe_space(part, f"{name}[{k!r}]", cnn_channels)
                                           for k, part in space.spaces.items()}}  # fmt: skip
     if isinstance(space, spaces.Tuple):
-        parts = [describe_space(part, f"{name}[{i}]") for i, part in enumerate(space)]
+        parts = [describe_space(part, f"{name}[{i}]", cnn_channels)
+                 for i, part in enumerate(space)]  # fmt: skip
         return {"type": "tuple", "parts": parts}
     if isinstance(space, spaces.Discrete):
         return {"type": "discrete", "n": int(space.n), "start": int(space.start)}
@@ -243,7 +251,10 @@ def describe_space(space: gym.Space, name: str = "") -> dict[str, Any]:
         return {"type": "multi_binary", "shape": list(space.shape)}
     if isinstance(space, spaces.Box):
         kind = "image" if is_image(space) else "box"
-        return {"type": kind, "shape": list(space.shape), "dtype": str(space.dtype)}
+        described = {"type": kind, "shape": list(space.shape), "dtype": str(space.dtype)}
+        if kind == "image" and cnn_channels is not None:
+            described["channels"] = list(cnn_channels)
+        return described
     where = f"the observation's part {name}" if name else "the observation space"
     raise UnsupportedSpace(
         f"{where} is {space} ({type(space).__name__}), which rlstore cannot encode", name
@@ -280,15 +291,21 @@ def encoder_from_description(description: dict[str, Any]) -> nn.Module:
     if kind == "multi_discrete":
         return OneHotEncoder(tuple(np.ravel(description["nvec"])), description["start"])
     if kind == "image":
-        return ImageEncoder(tuple(description["shape"]))
+        channels = description.get("channels", SMALL_CNN_CHANNELS)
+        return ImageEncoder(tuple(description["shape"]), tuple(channels))
     if kind in ("box", "multi_binary"):
         return FlatEncoder(tuple(description["shape"]))
     raise ValueError(f"unknown observation description {description}")
 
 
-def encoder_for(space: gym.Space) -> nn.Module:
-    """The encoder of an observation space (UnsupportedSpace when there is none)."""
-    return encoder_from_description(describe_space(space))
+def encoder_for(space: gym.Space, cnn_channels: tuple[int, ...] | None = None) -> nn.Module:
+    """The encoder of an observation space (UnsupportedSpace when there is none);
+    `cnn_channels` as describe_space takes them. The encoder keeps its `description`,
+    which policy specs save."""
+    description = describe_space(space, cnn_channels=cnn_channels)
+    encoder = encoder_from_description(description)
+    encoder.description = description
+    return encoder
 
 
 def description_of_spec(spec: dict[str, Any]) -> dict[str, Any]:

@@ -401,8 +401,10 @@ class CnnRecurrentActorCritic(RecurrentActorCriticBase):
         return out, out, torch.stack((h[0], c[0]), dim=1)
 
 
-def recurrent_actor_critic_for(obs_space, action_space, lstm_hidden: int,
-                               hidden: tuple[int, ...] = (64, 64)) -> nn.Module:  # fmt: skip
+def recurrent_actor_critic_for(
+    obs_space, action_space, lstm_hidden: int, hidden: tuple[int, ...] = (64, 64),
+    cnn_channels: tuple[int, ...] | None = None,
+) -> nn.Module:  # fmt: skip
     """A recurrent actor-critic shaped for a single env's spaces (gymnasium spaces):
     CnnRecurrentActorCritic for frame stacks, else RecurrentActorCritic on the observation
     space's encoder."""
@@ -415,11 +417,12 @@ def recurrent_actor_critic_for(obs_space, action_space, lstm_hidden: int,
     continuous, head = isinstance(action_space, spaces.Box), head_for(action_space)
     action_dim = 0 if head else action_space.shape[0] if continuous else int(action_space.n)
     return RecurrentActorCritic(0, action_dim, continuous, lstm_hidden, hidden,
-                                encoder_for(obs_space), head)  # fmt: skip
+                                encoder_for(obs_space, cnn_channels), head)  # fmt: skip
 
 
 def actor_critic_for(obs_space, action_space, fast: bool = True,
-                     hidden: tuple[int, ...] = (64, 64)) -> nn.Module:  # fmt: skip
+                     hidden: tuple[int, ...] = (64, 64),
+                     cnn_channels: tuple[int, ...] | None = None) -> nn.Module:  # fmt: skip
     """An ActorCritic (CnnActorCritic for frame stacks) shaped for a single env's
     observation and action spaces: the observation space's encoder, then the MLPs."""
     from gymnasium import spaces
@@ -428,7 +431,7 @@ def actor_critic_for(obs_space, action_space, fast: bool = True,
 
     if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
         return CnnActorCritic(obs_space.shape, int(action_space.n))
-    encoder = encoder_for(obs_space)
+    encoder = encoder_for(obs_space, cnn_channels)
     head = head_for(action_space)
     if head is not None:  # MultiDiscrete, MultiBinary
         return ActorCritic(0, 0, hidden=hidden, fast=fast, encoder=encoder, head=head)
@@ -608,7 +611,8 @@ def policy_spec(network: nn.Module, obs_space, action_space,
     env gives the action masks it acts under (rlstore/masks.py): kept in model.pt."""
     shape = None if obs_space.shape is None else list(obs_space.shape)  # (None: Dict, Tuple)
     spec = {"network": network.SPEC_NAME, "obs_shape": shape,
-            "observation": describe_space(obs_space)}  # fmt: skip
+            "observation": getattr(getattr(network, "encoder", None), "description", None)
+            or describe_space(obs_space)}  # fmt: skip
     spec |= network.spec_args()
     if action_masks is not None:
         spec["action_masks"] = action_masks

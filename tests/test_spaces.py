@@ -142,3 +142,19 @@ def test_box_actions_of_two_dimensions_are_learnt_flat_and_reshaped_for_the_env(
                            learning_starts=500, logdir=str(tmp_path), progress=False)  # fmt: skip
     assert min(evaluate(result.run_dir, episodes=4)["returns"]) > -0.05
     assert rlstore.load_policy(result.run_dir)(np.ones(2, np.float32)).shape == (4,)
+
+
+def test_cnn_channels_and_the_dqn_hidden_alias_shape_the_saved_policy(tmp_path):
+    for algo, flags in (("ppo", {}), ("dqn", {"learning_starts": 100})):
+        result = rlstore.train(algo, env="space_envs:ColorImage-v0", cnn_channels=(4, 8),
+                               total_timesteps=600, logdir=str(tmp_path), progress=False,
+                               **flags)  # fmt: skip
+        encoder = rlstore.load_policy(result.run_dir).network.encoder
+        convs = [m for m in encoder.cnn if isinstance(m, torch.nn.Conv2d)]
+        assert [c.out_channels for c in convs] == [4, 8]
+    from rlstore.cli import main
+
+    args = ["--total-timesteps", "600", "--learning-starts", "100", "--no-progress"]
+    assert main(["train", "dqn", "--hidden", "16", "--logdir", str(tmp_path), *args]) == 0
+    (run,) = tmp_path.glob("CartPole-v1__dqn__*")
+    assert rlstore.load_policy(run).network.hidden == (16,)

@@ -47,7 +47,8 @@ def build_actor_critic(
     joins it)."""
     envs = make_training_envs(cfg, algorithm)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = actor_critic_for(obs_space, action_space, cfg.use_fast_paths, cfg.hidden).to(device)
+    agent = actor_critic_for(obs_space, action_space, cfg.use_fast_paths, cfg.hidden,
+                             cfg.cnn_channels).to(device)  # fmt: skip
     if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():
         print(
             f"rlstore: {cfg.env_id} has unbounded actions ({action_space}): where a bound is "

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import gymnasium as gym
 import numpy as np
 import torch
+import tyro
 from torch import nn
 from torch.nn import functional as F
 
@@ -97,8 +98,8 @@ class DQNConfig(CommonConfig):
     """Double DQN: the online network picks the next action, the target network values it."""
     dueling: bool = False
     """Dueling head: Q = V + A - mean(A)."""
-    q_hidden: tuple[int, ...] = (120, 84)
-    """Widths of the Q-network's hidden ReLU layers."""
+    q_hidden: Annotated[tuple[int, ...], tyro.conf.arg(aliases=("--hidden",))] = (120, 84)
+    """Widths of the Q-network's hidden ReLU layers (alias: --hidden)."""
     n_step: Count = 1
     """n-step returns (1 is the classic one-step target)."""
     prioritized: bool = False
@@ -261,9 +262,9 @@ def train(
         q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
         greedy_actions = q_network.greedy_action
     else:
+        encoder = encoder_for(obs_space, cfg.cnn_channels)
         q_network = QNetwork(0, num_actions, cfg.q_hidden, dueling=cfg.dueling,
-                             fast=cfg.use_fast_paths,
-                             encoder=encoder_for(obs_space)).to(device)  # fmt: skip
+                             fast=cfg.use_fast_paths, encoder=encoder).to(device)  # fmt: skip
         greedy_actions = q_network.greedy_action
         if cfg.use_fast_paths and hasattr(q_network.encoder, "host") and masks is None:
             # the same argmax in numpy (rlstore/host_networks.py)

@@ -170,7 +170,7 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size,
-                                       cfg.hidden).to(device)  # fmt: skip
+                                       cfg.hidden, cfg.cnn_channels).to(device)  # fmt: skip
     obs_norm = obs_normalizer_for(cfg, obs_space)
     masks = masks_of(envs)
     reward_scale = (
