@@ -21,7 +21,7 @@ from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time
 from rlstore.errors import UsageError
 from rlstore.masks import ActionMasks, one_env_mask
 from rlstore.normalize import ObsNormalizer
-from rlstore.parts import as_tensors, first_part, is_shape, map_parts, shape_leaves, take
+from rlstore.parts import as_tensors, first_part, is_shape, map_shapes, shape_leaves, take
 from rlstore.text import plural
 
 
@@ -89,8 +89,8 @@ class Policy:
         if is_shape(self.obs_shape):
             obs = np.asarray(obs)
             single = obs.shape == self.obs_shape
-        else:  # Dict, Tuple: a batch when the first part has a batch axis
-            obs = map_parts(np.asarray, obs)
+        else:  # Dict, Tuple (read in the space's order): a batch when its parts have a batch axis
+            obs = map_shapes(lambda _, part: np.asarray(part), self.obs_shape, obs)
             single = first_part(obs).shape == shape_leaves(self.obs_shape)[0]
         batch = take(obs, None) if single else obs
         if self.obs_normalizer is not None:

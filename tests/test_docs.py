@@ -53,7 +53,7 @@ def test_the_custom_env_guide_runs_as_written(tmp_path, monkeypatch):
     from rlstore.cli import main
 
     page = (DOCS / "guides" / "custom-envs.md").read_text()
-    module, python = re.findall(r"```python\n(.*?)```", page, re.S)
+    module, python, shelf, masked = re.findall(r"```python\n(.*?)```", page, re.S)
     (tmp_path / "corridor.py").write_text(module)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -65,4 +65,8 @@ def test_the_custom_env_guide_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(a))
     exec(compile(python, "custom-envs.md", "exec"), {})
     assert int(printed[-1][0]) == 1
+    (tmp_path / "shelf.py").write_text(shelf)  # Dict observations and action masks
+    exec(compile(masked, "custom-envs.md", "exec"), {})
+    assert int(printed[-1][0]) == 2
     sys.modules.pop("corridor", None)
+    sys.modules.pop("shelf", None)
