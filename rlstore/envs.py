@@ -45,6 +45,8 @@ EXTRAS = (
     ("gymnasium.envs.box2d", "Box2D", "box2d"),
     ("gymnasium.envs.mujoco", "MuJoCo", "mujoco"),
     ("ALE/", "ale-py (the Atari emulator)", "atari"),
+    ("MiniGrid-", "minigrid", "minigrid"),
+    ("BabyAI-", "minigrid", "minigrid"),
 )
 
 
@@ -78,6 +80,11 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
         except ImportError:
             if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
                 raise UsageError(f"{env_id} {missing_extra('ALE/')}") from None
+    if env_id not in gym.registry and env_id.startswith(("MiniGrid-", "BabyAI-")):
+        try:  # minigrid registers its ids on import
+            importlib.import_module("minigrid")
+        except ImportError:
+            raise UsageError(f"{env_id} {missing_extra(env_id)}") from None
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""

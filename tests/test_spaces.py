@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import space_envs  # noqa: F401 (registers the test envs)
 import torch
+from extras import needs
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 from tiny_runs import SETUPS, replace, resumes_bitwise
@@ -158,3 +159,19 @@ def test_cnn_channels_and_the_dqn_hidden_alias_shape_the_saved_policy(tmp_path):
     assert main(["train", "dqn", "--hidden", "16", "--logdir", str(tmp_path), *args]) == 0
     (run,) = tmp_path.glob("CartPole-v1__dqn__*")
     assert rlstore.load_policy(run).network.hidden == (16,)
+
+
+@needs("minigrid", "minigrid")
+def test_minigrid_trains_on_its_dict_without_the_mission(tmp_path, capsys):
+    """MiniGrid's observation: a 7x7x3 image, a direction and a text mission, which is
+    refused with the fix that --drop-obs-keys is; with it, PPO trains and rlstore eval
+    plays (the image through the small CNN, the direction one-hot)."""
+    from rlstore.cli import main
+
+    env = ["--env", "MiniGrid-DoorKey-5x5-v0", "--logdir", str(tmp_path), "--no-progress"]
+    assert main(["train", "ppo", *env]) == 2
+    assert "--drop-obs-keys mission" in capsys.readouterr().err
+    assert main(["train", "ppo", *env, "--drop-obs-keys", "mission",
+                 "--total-timesteps", "1024"]) == 0  # fmt: skip
+    (run,) = tmp_path.glob("MiniGrid-DoorKey-5x5-v0__ppo__*")
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
