@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rlstore.action_heads import MASKED_LOGIT
 from rlstore.parts import as_tensors, first_part
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -173,11 +174,14 @@ class HostActorCritic:
             return None
         return numpy_mlp(host_features(obs, self.encoder), critic, tanh=True)[:, 0]
 
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def __call__(
+        self, obs: np.ndarray, masks: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         actor, critic = self.actor(), self.critic()
         if not actor or not critic:
             return None
-        return self.sample(obs, actor, critic, self.noise(1, len(first_part(obs)))[0])
+        noise = self.noise(1, len(first_part(obs)))[0]
+        return self.sample(obs, actor, critic, noise, masks)
 
     def noise(self, steps: int, num_envs: int) -> np.ndarray:
         """The random draws of `steps` calls for `num_envs` observations each, as float32
@@ -190,12 +194,16 @@ class HostActorCritic:
         return np.random.standard_normal(shape).astype(np.float32)
 
     def sample(
-        self, obs: np.ndarray, actor: list, critic: list, noise: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self, obs: np.ndarray, actor: list, critic: list, noise: np.ndarray,
+        masks: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
         """(action, log-prob, value) for `obs` with the views `actor` and `critic` (from
-        self.actor() and self.critic()) and one step of `noise`."""
+        self.actor() and self.critic()) and one step of `noise`; only the actions `masks`
+        allows, where given (Discrete actions)."""
         x = host_features(obs, self.encoder)
         out = numpy_mlp(x, actor, tanh=True)
+        if masks is not None:  # as masked_logits
+            out = np.where(masks, out, np.float32(MASKED_LOGIT))
         value = numpy_mlp(x, critic, tanh=True)[:, 0]
         if self.log_std is None:  # inverse CDF of the softmax, as sample_categorical
             # (the ufuncs' own reduce/accumulate: the same sums as .max/.sum/.cumsum, with
@@ -204,8 +212,14 @@ class HostActorCritic:
             log_probs = shifted - np.log(np.add.reduce(np.exp(shifted), axis=-1, keepdims=True))
             cdf = np.add.accumulate(np.exp(log_probs), axis=-1)
             # The count of cumulative probabilities below u, as the first one at or above
-            # it (the cdf never falls), and the last action for u above a rounded-down total
-            cdf[:, -1] = np.inf
+            # it (the cdf never falls), and the last (allowed) action for u above a
+            # rounded-down total; a masked action is never the first at or above u
+            if masks is None:
+                cdf[:, -1] = np.inf
+            else:
+                cdf[~masks] = -np.inf
+                last = masks.shape[1] - 1 - masks[:, ::-1].argmax(-1)
+                cdf[_rows(len(cdf)), last] = np.inf
             action = (cdf >= noise).argmax(-1)
             log_prob = log_probs[_rows(len(action)), action]
             return action, log_prob, value

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlstore.action_heads import MASKED_LOGIT
 from rlstore.host_networks import (
     LOG_SQRT_2PI,
     HostViews,
@@ -33,10 +34,13 @@ class _ActorCriticPass:
     of the taken actions, entropies, values), and the backward pass from the loss's
     derivatives with respect to them: what HostPPOStep and HostA2CStep share."""
 
-    def __init__(self, agent: nn.Module, actor: list, critic: list, obs, actions) -> None:
+    def __init__(self, agent: nn.Module, actor: list, critic: list, obs, actions,
+                 masks: np.ndarray | None = None) -> None:  # fmt: skip
         self.agent, self.actor, self.critic = agent, actor, critic
         self.obs = obs
         self.actor_acts, out = _forward(obs, actor)
+        if masks is not None:  # as masked_logits: the masked actions' gradients are then 0
+            out = np.where(masks, out, np.float32(MASKED_LOGIT))
         self.critic_acts, value = _forward(obs, critic)
         self.value = value[:, 0]
         B = len(obs)
@@ -80,14 +84,15 @@ class _ActorCriticPass:
         return grads
 
 
-def _minibatch(batch: Any, cfg: Any, encoder: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _minibatch(batch: Any, cfg: Any, encoder: Any) -> tuple[np.ndarray, ...]:
     """(observations as the encoder's float32 rows, actions, advantages normalized as
-    configured)."""
+    configured, action masks or None)."""
     obs = host_features(to_numpy(batch.obs), encoder)
     advantages = batch.advantages.numpy()
     if cfg.norm_adv and len(obs) > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
-    return obs, batch.actions.numpy(), advantages
+    masks = None if batch.action_masks is None else batch.action_masks.numpy()
+    return obs, batch.actions.numpy(), advantages, masks
 
 
 def _tie_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -120,8 +125,8 @@ class HostPPOStep(_ActorCriticStep):
         return getattr(agent, "act_on_host", None) is not None and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
-        obs, actions, advantages = _minibatch(batch, cfg, self.agent.encoder)
-        outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
+        obs, actions, advantages, masks = _minibatch(batch, cfg, self.agent.encoder)
+        outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions, masks)
         B, clip = len(obs), cfg.clip_coef
         old_value, returns = batch.values.numpy(), batch.returns.numpy()
         log_ratio = outputs.log_prob - batch.log_probs.numpy()
@@ -177,8 +182,8 @@ class HostA2CStep(_ActorCriticStep):
         )
 
     def __call__(self, batch: Any, cfg: Any) -> dict[str, torch.Tensor]:
-        obs, actions, advantages = _minibatch(batch, cfg, self.agent.encoder)
-        outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions)
+        obs, actions, advantages, masks = _minibatch(batch, cfg, self.agent.encoder)
+        outputs = _ActorCriticPass(self.agent, self.actor(), self.critic(), obs, actions, masks)
         B, returns = len(obs), batch.returns.numpy()
         policy_loss = -(advantages * outputs.log_prob).mean()
         value_loss = np.square(returns - outputs.value).mean()

@@ -124,6 +124,7 @@ class LeanRollout:
             type(envs) is LeanSyncVectorEnv
             and storage.on_host
             and not storage.has_lives
+            and storage.action_masks is None
             and isinstance(act, HostActorCritic)
             and bool(act.actor())
         )

@@ -273,3 +273,39 @@ def test_masks_off_ignores_them(tmp_path):
     with pytest.raises(ValueError, match="is masked"):
         rlstore.train("ppo", env="space_envs:MaskedPick-v0", action_masks="off",
                       total_timesteps=2048, logdir=str(tmp_path), progress=False)  # fmt: skip
+
+
+def test_the_numpy_fast_paths_act_and_step_under_masks_as_torch():
+    """HostActorCritic samples only allowed actions, with torch's log-probs; the numpy PPO
+    step on a masked minibatch takes torch's step (rlstore/host_updates.py)."""
+    from rlstore.algos.ppo import PPOConfig, ppo_loss
+    from rlstore.host_updates import HostPPOStep
+    from rlstore.networks import ActorCritic
+    from rlstore.storage.rollout import RolloutBatch
+
+    torch.manual_seed(4)
+    rng = np.random.default_rng(4)
+    agent, twin = ActorCritic(3, 5), ActorCritic(3, 5)
+    twin.load_state_dict(agent.state_dict())
+    obs = rng.normal(size=(400, 3)).astype(np.float32)
+    masks = random_masks(rng, 400, 5)
+    action, log_prob, _ = agent.act_on_host(obs, masks)
+    assert masks[np.arange(400), action].all()
+    with torch.no_grad():
+        expected = agent.evaluate(torch.from_numpy(obs), torch.from_numpy(action),
+                                  torch.from_numpy(masks))[0]  # fmt: skip
+    torch.testing.assert_close(torch.from_numpy(log_prob), expected, rtol=1e-5, atol=1e-5)
+    cfg = PPOConfig()
+    batch = RolloutBatch(torch.from_numpy(obs[:64]), torch.from_numpy(action[:64]),
+                         torch.from_numpy(log_prob[:64]) - 0.1, torch.randn(64), torch.randn(64),
+                         torch.randn(64), torch.from_numpy(masks[:64]))  # fmt: skip
+    optimizers = [torch.optim.Adam(a.parameters(), lr=1e-3, eps=1e-5) for a in (agent, twin)]
+    HostPPOStep(agent, optimizers[0])(batch, cfg)
+    new_log_prob, entropy, value = twin.evaluate(batch.obs, batch.actions, batch.action_masks)
+    loss = ppo_loss(new_log_prob, value, entropy, batch, cfg)["loss"]
+    optimizers[1].zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(twin.parameters(), cfg.max_grad_norm)
+    optimizers[1].step()
+    for mine, theirs in zip(agent.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)

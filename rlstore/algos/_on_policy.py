@@ -59,8 +59,6 @@ def build_actor_critic(
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
     masks = masks_of(envs)
-    if masks is not None:  # the numpy acting and update steps take no masks: torch's do
-        agent.act_on_host = None
     storage = RolloutStorage(
         cfg.num_steps,
         cfg.num_envs,
@@ -101,7 +99,8 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
 
     def step() -> None:
         host_obs = storage.current_obs_on_host
-        acted = act_on_host(host_obs) if act_on_host and host_obs is not None else None
+        acted = (act_on_host(host_obs, None if masks is None else masks.masks)
+                 if act_on_host and host_obs is not None else None)  # fmt: skip
         if acted is not None:
             action, log_prob, value = acted
             env_action = action
