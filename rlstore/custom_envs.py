@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,11 +50,23 @@ def split_callable_path(path: str, flag: str) -> tuple[str, str]:
     return module, name
 
 
+def import_user_module(name: str) -> Any:
+    """A module of the user's (an env, a wrapper), found as `python` finds it: on the path,
+    or in the working directory, which the `rlstore` console command's path lacks."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name.partition(".")[0] or os.getcwd() in sys.path:
+            raise
+    sys.path.append(os.getcwd())  # after the installed packages: it shadows none of them
+    return importlib.import_module(name)
+
+
 def load_callable(path: str, flag: str) -> Callable[..., Any]:
     """The callable that "module:name" names (name may be dotted: Class.method)."""
     module_name, name = split_callable_path(path, flag)
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_user_module(module_name)
     except ImportError as e:
         raise UsageError(f"{flag} {path}: cannot import module '{module_name}' ({e})") from None
     obj = _attribute(obj, name)

@@ -30,7 +30,13 @@ from rlstore import algos
 from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.config import CommonConfig
-from rlstore.custom_envs import EnvMaker, callable_env, parse_env_kwargs, wrap
+from rlstore.custom_envs import (
+    EnvMaker,
+    callable_env,
+    import_user_module,
+    parse_env_kwargs,
+    wrap,
+)
 from rlstore.encoders import UnsupportedSpace, describe_space, has_image
 from rlstore.errors import UsageError
 from rlstore.lean import LeanSyncVectorEnv
@@ -66,7 +72,7 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     if ":" in env_id:  # "module:EnvId" registers its envs on import, as gym.make does
         module, _, env_id = env_id.partition(":")
         try:
-            importlib.import_module(module)
+            import_user_module(module)
         except ImportError as e:
             raise UsageError(
                 f"cannot import module '{module}' named in the env id ({e}); install it or "

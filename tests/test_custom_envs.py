@@ -3,6 +3,9 @@ rlstore.train from Python; what the run records rebuilds the same env for rlstor
 resume; each mistake is one line."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -147,3 +150,22 @@ def test_an_unknown_id_names_the_custom_env_forms(tmp_path, capsys):
     code = main(["train", "ppo", "--env", "MyOwnEnv-v0", "--logdir", str(tmp_path)])
     assert code == 2
     assert "an env of your own: --env module:EnvId" in capsys.readouterr().err
+
+
+def test_the_console_command_finds_a_module_in_the_working_directory(tmp_path):
+    """`rlstore train --env shelf:...` from the directory that holds shelf.py, as the guide
+    says: the console script's own path lacks the working directory."""
+    rlstore_command = Path(sys.executable).parent / "rlstore"
+    if not rlstore_command.exists():
+        pytest.skip("rlstore's console command is not installed beside this Python")
+    (tmp_path / "bits_here.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('BitsHere-v0', entry_point='space_envs:BitParity', max_episode_steps=5)\n"
+    )
+    tests_dir = str(Path(__file__).parent)  # (space_envs, which the module's entry point names)
+    done = subprocess.run(
+        [str(rlstore_command), "train", "ppo", "--env", "bits_here:BitsHere-v0",
+         "--total-timesteps", "512", "--no-progress", "--logdir", "runs"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": tests_dir},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
