@@ -260,6 +260,7 @@ def version_satisfies(version: str, spec: str) -> bool:
 def preflight(rows: list[Row]) -> None:
     """Everything that can fail before a run starts: configs, env ids and extras, whether
     the algorithm fits the env's spaces."""
+    from rlstore.custom_envs import parse_env_kwargs
     from rlstore.envs import check_atari_options, make_vec_env
 
     for row in rows:
@@ -268,7 +269,9 @@ def preflight(rows: list[Row]) -> None:
         check_atari_options(cfg)
         with warnings.catch_warnings():  # (an env's deprecation notes go to its runs' logs)
             warnings.simplefilter("ignore")
-            make_vec_env(row.env, 1, 0, "sync", algorithm=algos.get(row.algo)).close()
+            make_vec_env(row.env, 1, 0, "sync", algorithm=algos.get(row.algo),
+                         env_kwargs=parse_env_kwargs(cfg.env_kwargs), wrappers=cfg.wrapper,
+                         drop_obs_keys=cfg.drop_obs_keys).close()  # fmt: skip
 
 
 # -- results ----------------------------------------------------------------------------------

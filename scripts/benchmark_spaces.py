@@ -67,10 +67,11 @@ def sb3_run(row: str, steps: int, seed: int) -> None:
     def dict_without_mission(env: gym.Env) -> gym.Env:
         env = gym.wrappers.FilterObservation(env, ["direction", "image"])
         image = env.observation_space["image"]
-        space = gym.spaces.Dict({"direction": env.observation_space["direction"],
-                                 "image": gym.spaces.Box(0, 255, image.shape, "float32")})  # fmt: skip
+        floats = gym.spaces.Box(0, 255, image.shape, "float32")
+        space = gym.spaces.Dict({"direction": env.observation_space["direction"], "image": floats})
         return gym.wrappers.TransformObservation(
-            env, lambda o: {"direction": o["direction"], "image": o["image"].astype("float32")},
+            env,
+            lambda o: {"direction": o["direction"], "image": o["image"].astype("float32")},
             space,
         )
 
@@ -80,9 +81,10 @@ def sb3_run(row: str, steps: int, seed: int) -> None:
 
 def launch(trainer: str, row: str, steps: int, seed: int) -> subprocess.Popen:
     if trainer == "rlstore":
+        logdir = str(ROOT / "runs" / "bench-spaces")
         command = ["rlstore", "train", "ppo", "--env", ROWS[row]["env"], *ROWS[row]["rlstore"],
                    "--total-timesteps", str(steps), "--seed", str(seed), "--no-progress",
-                   "--checkpoint-every", "0", "--logdir", str(ROOT / "runs" / "bench-spaces")]  # fmt: skip
+                   "--checkpoint-every", "0", "--logdir", logdir]  # fmt: skip
     else:
         command = [sys.executable, __file__, "--sb3-child", row, str(steps), str(seed)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -124,13 +126,15 @@ def main() -> None:
              f"`python scripts/benchmark_spaces.py --steps {args.steps} --parallel "
              f"{' '.join(map(str, args.parallel))}`; PPO, default options and threads; "
              "aggregate env steps/s of K runs at once, launch to end.", "",
-             "| row | K | rlstore steps/s | SB3 steps/s | rlstore / SB3 |", "|---|---|---|---|---|"]  # fmt: skip
+             "| row | K | rlstore steps/s | SB3 steps/s | rlstore / SB3 |",
+             "|---|---|---|---|---|"]  # fmt: skip
     for row in args.rows:
         for k in args.parallel:
             mine, theirs = (next(r for r in results if r["row"] == row and r["k"] == k
                                  and r["trainer"] == t) for t in ("rlstore", "sb3"))  # fmt: skip
+            ratio = mine["sps"] / theirs["sps"]
             lines.append(f"| {row} ({ROWS[row]['env']}) | {k} | {mine['sps']:,.0f} | "
-                         f"{theirs['sps']:,.0f} | {mine['sps'] / theirs['sps']:.1f}x |")  # fmt: skip
+                         f"{theirs['sps']:,.0f} | {ratio:.1f}x |")  # fmt: skip
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -605,7 +605,7 @@ def shipped_suites() -> list[str]:
     return sorted(path.stem for path in (PRESET_DIR / "suites").glob("*.toml"))
 
 
-@needs("box2d,mujoco,atari", "Box2D", "mujoco", "ale_py")
+@needs("box2d,mujoco,atari,minigrid", "Box2D", "mujoco", "ale_py", "minigrid")
 def test_shipped_suites_pass_their_preflight():
     for name in shipped_suites():
         preflight(load_suite(find_suite(name)).rows)  # configs, env ids, extras, spaces
