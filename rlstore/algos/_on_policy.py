@@ -31,7 +31,8 @@ def obs_normalizer_for(cfg: OnPolicyConfig, obs_space: spaces.Space) -> ObsNorma
     observations only: one-hots and images have their scale."""
     if not cfg.norm_obs:
         return None
-    if not (isinstance(obs_space, spaces.Box) and obs_space.dtype.kind == "f"):  # (Dict too)
+    # (Dict and Tuple observations are refused too: normalizing their parts is not built)
+    if not (isinstance(obs_space, spaces.Box) and obs_space.dtype.kind == "f"):
         raise UsageError(
             f"--norm-obs normalizes float vector observations; {cfg.env_id} has {obs_space}, "
             "which rlstore's encoder scales itself: drop --norm-obs"

@@ -223,16 +223,12 @@ class RolloutStorage:
     @property
     def current_obs(self) -> Tree:
         """The observation the next action is taken at (a view into the storage)."""
-        step = self.step
-        return map_parts(lambda obs: obs[step], self.obs)
+        return take(self.obs, self.step)
 
     @property
     def current_obs_on_host(self) -> Tree | None:
         """current_obs as a numpy view, when the storage is in host memory (else None)."""
-        if self._views is None:
-            return None
-        step = self.step
-        return map_parts(lambda obs: obs[step], self._views["obs"])
+        return None if self._views is None else take(self._views["obs"], self.step)
 
     @property
     def current_action_mask(self) -> torch.Tensor | None:
@@ -264,14 +260,14 @@ class RolloutStorage:
         self._returns_ready = False
         if obs is not None:
             obs = check_parts(_checked_obs, obs, self.obs, "obs")
-            mask = self._checked_mask(action_mask, obs is not None)
+            mask = self._checked_mask(action_mask)
             map_parts(lambda mine, given: copy_in(mine[0], given), self.obs, obs)
             if mask is not None:
                 copy_in(self.action_masks[0], mask)
 
-    def _checked_mask(self, action_mask: Array | None, needed: bool) -> torch.Tensor | None:
+    def _checked_mask(self, action_mask: Array | None) -> torch.Tensor | None:
         """A step's action mask, checked; given exactly when the storage keeps masks."""
-        if (action_mask is None) != (self.action_masks is None or not needed):
+        if (action_mask is None) != (self.action_masks is None):
             raise ValueError(
                 "action_mask must be given exactly when the storage was made with action_mask_shape"
             )
@@ -308,7 +304,7 @@ class RolloutStorage:
                 "recurrent_state must be given exactly when the storage was made with "
                 "recurrent_state_shape"
             )
-        mask = self._checked_mask(action_mask, True)  # checked first: nothing written if bad
+        mask = self._checked_mask(action_mask)  # checked first: nothing written if bad
         if recurrent_state is not None:
             state = checked(recurrent_state, "recurrent_state", self.recurrent_states.shape[1:],
                             torch.float32)  # fmt: skip
