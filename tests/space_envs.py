@@ -277,9 +277,24 @@ class BoxGrid(gym.Env):
         return self._observe(), reward, False, False, {}
 
 
+class BadMask(gym.Env):
+    """Gives an action mask of 2 entries for its 3 actions (a user's mistake)."""
+
+    observation_space = spaces.Discrete(2)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {"action_mask": np.ones(2, np.int8)}
+
+    def step(self, action):
+        return 0, 0.0, False, False, {"action_mask": np.ones(2, np.int8)}
+
+
 for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10), (PickTwo, 5),
                      (CopyBits, 5), (DictTarget, 5), (TupleCount, 5), (DictScale, 10),
-                     (Mission, 5), (MaskedPick, 5), (MaskedPair, 5), (BoxGrid, 5)):  # fmt: skip
+                     (Mission, 5), (MaskedPick, 5), (MaskedPair, 5), (BoxGrid, 5),
+                     (BadMask, 5)):  # fmt: skip
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
 

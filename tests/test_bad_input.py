@@ -60,6 +60,14 @@ def run_main(args, logdir, capsys):
         ),
         (["ppo", "--drop-obs-keys", "x"], "--drop-obs-keys leaves keys out of Dict observations"),
         (
+            ["ppo", "--env", "space_envs:BadMask-v0"],
+            "the env's action masks are int8 of shape (2,) per env; Discrete(3) needs 3",
+        ),
+        (
+            ["dqn", "--env", "space_envs:BoxGrid-v0"],
+            "DQN needs a Discrete action space; space_envs:BoxGrid-v0 has",
+        ),
+        (
             ["sac", "--env", "space_envs:DictTarget-v0"],
             "SAC takes vector observations, not images such as those in",
         ),
