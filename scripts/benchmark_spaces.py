@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -122,10 +124,14 @@ def main() -> None:
             for trainer in ("rlstore", "sb3"):  # alternating, the same machine state
                 results.append(side_by_side(trainer, row, args.steps, k))
                 print(json.dumps(results[-1]), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    machine = f"{os.cpu_count()}-core {platform.machine()}, {time.strftime('%Y-%m-%d')}"
     lines = ["# Spaces benchmark: rlstore vs SB3 (scripts/benchmark_spaces.py)", "",
              f"`python scripts/benchmark_spaces.py --steps {args.steps} --parallel "
-             f"{' '.join(map(str, args.parallel))}`; PPO, default options and threads; "
-             "aggregate env steps/s of K runs at once, launch to end.", "",
+             f"{' '.join(map(str, args.parallel))}` on this {machine}, commit {commit}; PPO, "
+             "default options and threads; aggregate env steps/s of K runs at once, launch "
+             "to end (the module docstring says what each side runs).", "",
              "| row | K | rlstore steps/s | SB3 steps/s | rlstore / SB3 |",
              "|---|---|---|---|---|"]  # fmt: skip
     for row in args.rows:
