@@ -735,6 +735,9 @@ def _aggregate(out_dir: Path, name: str, rows: list[dict], draw: bool) -> str:
     usable = [r for r in rows if r.get("normalize") or r.get("band")]
     if not usable:
         return ""
+    if not aggregate.normalized_scores(usable)[0]:  # (the spaces suite: each row its own env)
+        print("rlstore benchmark: no aggregate metrics: no algorithm has a score on every env")
+        return ""
     result = aggregate.aggregate(rows)
     (out_dir / "aggregate.json").write_text(json.dumps(result, indent=1))
     if draw:

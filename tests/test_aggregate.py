@@ -91,3 +91,14 @@ def test_an_algorithm_missing_a_task_is_left_out_and_seeds_are_cut_to_the_fewest
     score_dict, _, left_out = normalized_scores(rows)
     assert score_dict["ppo"].shape == (2, 2) and "dqn" not in score_dict
     assert left_out == ["dqn (no score on B-v1)"]
+
+
+def test_a_suite_whose_rows_share_no_env_set_gets_its_results_without_aggregates(tmp_path):
+    """Each algorithm on envs of its own (the spaces suite): no aggregate, and no error that
+    would keep results.md from being written."""
+    from rlstore.suite import _aggregate
+
+    spans = {"A-v1": [0.0, 1.0], "B-v1": [0.0, 1.0]}
+    rows = rows_of({("ppo", "A-v1"): [0.5], ("dqn", "B-v1"): [0.5]}, spans)
+    assert _aggregate(tmp_path, "s", rows, draw=False) == ""
+    assert not (tmp_path / "aggregate.json").exists()
