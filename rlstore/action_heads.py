@@ -30,6 +30,12 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tens
     return logits if mask is None else logits.masked_fill(~mask, MASKED_LOGIT)
 
 
+def masked_q(q: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Q-values with the actions a mask does not allow at -inf, for an argmax or a max over
+    the allowed ones (no mask: as they are)."""
+    return q if allowed is None else q.masked_fill(~allowed, -torch.inf)
+
+
 def inverse_cdf(log_probs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """One sample per row of Categorical(log_probs), (B, 1): the first action whose
     cumulative probability exceeds a uniform draw. A draw above a total rounded below 1

@@ -377,9 +377,9 @@ def _make_gymnasium_vec_env(
             return LeanSyncVectorEnv(env_fns, infos)
         except TypeError:  # observations it does not handle: rlstore refuses them later
             return gym.vector.SyncVectorEnv(env_fns)
-    # the user's wrappers first, each as a picklable call (async workers get them)
-    # each env through wrap (which also flattens Box actions of more than one dimension);
-    # a native vector env takes no wrappers (refused above when the user gave some)
+    # each env through wrap, a picklable call (async workers get it): the user's wrappers,
+    # dropped keys, Box actions of more than one dimension flattened; a native vector env
+    # takes no wrappers (refused above when the user gave some)
     native = mode == "vector_entry_point"
     layers = [] if native else [functools.partial(wrap, wrappers=maker.wrappers,
                                                   drop_keys=maker.drop_keys)]  # fmt: skip

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rlstore import algos
+from rlstore.action_heads import masked_q
 from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files, read_policy
 from rlstore.config import not_a_run_dir
@@ -133,8 +134,7 @@ class Policy:
         x, single = self._batch(obs)
         mask = () if action_mask is None else (self._mask(action_mask, single),)
         if self.greedy:
-            q = self.network.q_values(x)
-            action = (q if not mask else q.masked_fill(~mask[0], -torch.inf)).argmax(-1)
+            action = masked_q(self.network.q_values(x), mask[0] if mask else None).argmax(-1)
         elif self.recurrent:
             state = self._recurrent_state(len(first_part(x)))
             if deterministic:

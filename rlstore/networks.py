@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlstore.action_heads import head_for, head_from_spec, inverse_cdf, masked_logits
+from rlstore.action_heads import head_for, head_from_spec, inverse_cdf, masked_logits, masked_q
 from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
     FlatEncoder,
     describe_space,
@@ -431,19 +431,16 @@ def actor_critic_for(obs_space, action_space, fast: bool = True,
 
     if is_frame_stack(obs_space) and isinstance(action_space, spaces.Discrete):
         return CnnActorCritic(obs_space.shape, int(action_space.n))
+    head = head_for(action_space)  # MultiDiscrete, MultiBinary
+    continuous = isinstance(action_space, spaces.Box) and len(action_space.shape) == 1
+    if not (head or continuous or isinstance(action_space, spaces.Discrete)):
+        raise ValueError(
+            f"unsupported action space {action_space}: use Discrete, a 1-d Box, MultiDiscrete "
+            "or MultiBinary"
+        )
+    action_dim = 0 if head else action_space.shape[0] if continuous else int(action_space.n)
     encoder = encoder_for(obs_space, cnn_channels)
-    head = head_for(action_space)
-    if head is not None:  # MultiDiscrete, MultiBinary
-        return ActorCritic(0, 0, hidden=hidden, fast=fast, encoder=encoder, head=head)
-    if isinstance(action_space, spaces.Discrete):
-        return ActorCritic(0, int(action_space.n), hidden=hidden, fast=fast, encoder=encoder)
-    if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-        return ActorCritic(0, action_space.shape[0], continuous=True, hidden=hidden, fast=fast,
-                           encoder=encoder)  # fmt: skip
-    raise ValueError(
-        f"unsupported action space {action_space}: use Discrete, a 1-d Box, MultiDiscrete "
-        "or MultiBinary"
-    )
+    return ActorCritic(0, action_dim, continuous, hidden, fast, encoder, head)
 
 
 class CnnActorCritic(nn.Module):
@@ -590,9 +587,8 @@ class QNetwork(nn.Module):
         device = self.advantage.weight.device
         with torch.inference_mode():
             q = self.advantage_path(self.encoder(as_tensors(obs, device)))
-            if masks is not None:
-                q = q.masked_fill(~torch.as_tensor(masks, device=device), -torch.inf)
-            return q.argmax(-1).cpu().numpy()
+            allowed = None if masks is None else torch.as_tensor(masks, device=device)
+            return masked_q(q, allowed).argmax(-1).cpu().numpy()
 
     def spec_args(self) -> dict:
         return {"action_dim": self.num_actions, "dueling": self.dueling,

@@ -280,7 +280,9 @@ def test_images_have_no_numpy_twin():
 
 
 def test_host_ppo_step_on_one_hots_is_the_torch_step():
-    from rlstore.algos.ppo import PPOConfig, ppo_loss
+    from test_fast import reference_ppo_step
+
+    from rlstore.algos.ppo import PPOConfig
     from rlstore.host_updates import HostPPOStep
     from rlstore.storage.rollout import RolloutBatch
 
@@ -300,12 +302,7 @@ def test_host_ppo_step_on_one_hots_is_the_torch_step():
                              actions=torch.from_numpy(rng.integers(0, 3, B)),
                              log_probs=f32() - 1, values=f32(), advantages=f32(),
                              returns=f32())  # fmt: skip
-        log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions)
-        expected = ppo_loss(log_prob, value, entropy, batch, cfg)
-        opt.zero_grad()
-        expected["loss"].backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
-        opt.step()
+        expected = reference_ppo_step(agent, opt, batch, cfg)
         got = fast(batch, cfg)
         torch.testing.assert_close(got["loss"], expected["loss"].detach(), rtol=1e-4, atol=1e-5)
         for p, q in zip(agent.parameters(), twin.parameters(), strict=True):

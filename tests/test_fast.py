@@ -255,6 +255,20 @@ def test_lean_sync_vector_env_partial_reset_as_gymnasiums():
             np.testing.assert_equal(a, b)
 
 
+def reference_ppo_step(agent, optimizer, batch, cfg) -> dict:
+    """One PPO minibatch step in torch, as algos/ppo.py's update takes it (under the
+    batch's action masks, where it has them): the reference of the numpy step."""
+    from rlstore.algos.ppo import ppo_loss
+
+    log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions, batch.action_masks)
+    losses = ppo_loss(log_prob, value, entropy, batch, cfg)
+    optimizer.zero_grad()
+    losses["loss"].backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
+    optimizer.step()
+    return losses
+
+
 def ppo_minibatch(continuous, rng, B=96, obs_dim=5, action_dim=3):
     """A minibatch whose stored log-probs and values are perturbed, so that some ratios and
     values fall outside the clip range and every branch of the loss is taken."""
@@ -338,7 +352,7 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
     torch path (ppo_loss, backward, clip_grad_norm_, fused Adam) to float32 rounding."""
     import copy
 
-    from rlstore.algos.ppo import PPOConfig, ppo_loss
+    from rlstore.algos.ppo import PPOConfig
     from rlstore.host_updates import HostPPOStep
 
     cfg = PPOConfig(clip_vloss=clip_vloss, norm_adv=norm_adv, max_grad_norm=max_grad_norm,
@@ -353,12 +367,7 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
     rng = np.random.default_rng(5)
     for _ in range(3):
         batch = ppo_minibatch(continuous, rng)
-        log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions)
-        expected = ppo_loss(log_prob, value, entropy, batch, cfg)
-        opt.zero_grad()
-        expected["loss"].backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm, foreach=True)
-        opt.step()
+        expected = reference_ppo_step(agent, opt, batch, cfg)
         got = fast(batch, cfg)
         assert got.keys() == expected.keys()
         for key in got:

@@ -140,10 +140,11 @@ def test_replay_with_masks_refuses_adds_without_them():
                    action_mask=mask_of([0]), next_action_mask=float_mask)  # fmt: skip
 
 
-def test_rollout_minibatches_carry_each_observations_mask():
+@pytest.mark.parametrize("fast", [True, False])  # numpy writes, and the torch reference
+def test_rollout_minibatches_carry_each_observations_mask(fast):
     T, N = 5, 3
     rng = np.random.default_rng(2)
-    storage = RolloutStorage(T, N, (1,), action_mask_shape=(4,))
+    storage = RolloutStorage(T, N, (1,), action_mask_shape=(4,), fast=fast)
     ids = rng.integers(0, 16, (T + 1, N))
     storage.reset(ids[0, :, None].astype(np.float32), mask_of(ids[0]))
     for t in range(T):
@@ -228,7 +229,8 @@ def test_action_masks_reads_either_convention_and_checks_them():
 
 
 @pytest.mark.parametrize("algo, env_id", [("ppo", "MaskedPair-v0"), ("dqn", "MaskedPick-v0"),
-                                           ("ppo_lstm", "MaskedPair-v0")])  # fmt: skip
+                                           ("ppo_lstm", "MaskedPair-v0"),
+                                           ("a2c", "MaskedPick-v0")])  # fmt: skip
 def test_a_masked_run_resumes_bitwise_and_plays_under_masks(algo, env_id, tmp_path, monkeypatch):
     """The envs raise on a masked action: collection, exploration and evaluation never
     take one; the masks are saved with the run (storage, env wrapper) and restored."""
@@ -278,7 +280,9 @@ def test_masks_off_ignores_them(tmp_path):
 def test_the_numpy_fast_paths_act_and_step_under_masks_as_torch():
     """HostActorCritic samples only allowed actions, with torch's log-probs; the numpy PPO
     step on a masked minibatch takes torch's step (rlstore/host_updates.py)."""
-    from rlstore.algos.ppo import PPOConfig, ppo_loss
+    from test_fast import reference_ppo_step
+
+    from rlstore.algos.ppo import PPOConfig
     from rlstore.host_updates import HostPPOStep
     from rlstore.networks import ActorCritic
     from rlstore.storage.rollout import RolloutBatch
@@ -301,11 +305,41 @@ def test_the_numpy_fast_paths_act_and_step_under_masks_as_torch():
                          torch.randn(64), torch.from_numpy(masks[:64]))  # fmt: skip
     optimizers = [torch.optim.Adam(a.parameters(), lr=1e-3, eps=1e-5) for a in (agent, twin)]
     HostPPOStep(agent, optimizers[0])(batch, cfg)
-    new_log_prob, entropy, value = twin.evaluate(batch.obs, batch.actions, batch.action_masks)
-    loss = ppo_loss(new_log_prob, value, entropy, batch, cfg)["loss"]
-    optimizers[1].zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(twin.parameters(), cfg.max_grad_norm)
-    optimizers[1].step()
+    reference_ppo_step(twin, optimizers[1], batch, cfg)
     for mine, theirs in zip(agent.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_the_numpy_a2c_step_under_masks_is_the_torch_step():
+    """a2c_update on a masked rollout with HostA2CStep and with torch: the same parameters
+    (the masks reach both; unmasked, the log-probs would differ: the test above)."""
+    import copy
+
+    from rlstore.algos.a2c import A2CConfig, a2c_update
+    from rlstore.host_updates import HostA2CStep
+    from rlstore.networks import ActorCritic
+
+    torch.manual_seed(5)
+    rng = np.random.default_rng(5)
+    agent = ActorCritic(3, 4)
+    twin = copy.deepcopy(agent)
+    opt, twin_opt = (torch.optim.RMSprop(n.parameters(), lr=7e-3, eps=1e-5) for n in (agent, twin))
+    T, N = 8, 4
+    storage = RolloutStorage(T, N, (3,), action_mask_shape=(4,))
+    masks = random_masks(rng, N, 4)
+    storage.reset(rng.normal(size=(N, 3)).astype(np.float32), masks)
+    for _ in range(T):
+        action = np.array([rng.choice(np.flatnonzero(m)) for m in masks])
+        masks = random_masks(rng, N, 4)
+        storage.insert(rng.normal(size=(N, 3)).astype(np.float32), action,
+                       rng.normal(size=N).astype(np.float32) - 1, np.zeros(N, np.float32),
+                       rng.normal(size=N), rng.random(N) < 0.2, np.zeros(N, bool),
+                       action_mask=masks)  # fmt: skip
+    storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
+    data, cfg = storage.flatten(), A2CConfig(ent_coef=0.05)
+    fast = a2c_update(agent, opt, data, cfg, HostA2CStep(agent, opt))
+    reference = a2c_update(twin, twin_opt, data, cfg)
+    for key in reference:
+        torch.testing.assert_close(fast[key], reference[key], rtol=1e-4, atol=1e-5)
+    for mine, theirs in zip(agent.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)

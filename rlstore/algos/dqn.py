@@ -22,6 +22,7 @@ import tyro
 from torch import nn
 from torch.nn import functional as F
 
+from rlstore.action_heads import masked_q
 from rlstore.algos import Algorithm
 from rlstore.algos._shared import (
     check_replay_fits,
@@ -160,11 +161,6 @@ def td_loss(
     # Uniform replay has unit weights: skipping the product saves a node in the backward pass.
     loss = (batch.weights * elementwise).mean() if cfg.prioritized else elementwise.mean()
     return loss, (q_value - target).detach(), q_value.detach()
-
-
-def masked_q(q: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-    """Q-values with the actions a mask does not allow at -inf (no mask: as they are)."""
-    return q if allowed is None else q.masked_fill(~allowed, -torch.inf)
 
 
 def epsilon_greedy(
