@@ -52,6 +52,7 @@ class LeanDQNStep:
             and buffer.device.type == "cpu"
             and not buffer.frame_stack
             and not buffer.prioritized
+            and buffer.hindsight is None
         )
 
     def __call__(

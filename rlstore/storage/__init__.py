@@ -1,10 +1,12 @@
 """Storage for on-policy (RolloutStorage) and off-policy (ReplayBuffer) algorithms."""
 
+from rlstore.storage.hindsight import Hindsight
 from rlstore.storage.priorities import SumTree
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 from rlstore.storage.rollout import RolloutBatch, RolloutStorage, compute_gae
 
 __all__ = [
+    "Hindsight",
     "ReplayBatch",
     "ReplayBuffer",
     "RolloutBatch",

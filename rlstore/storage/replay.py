@@ -43,6 +43,11 @@ batch maximum. A sampled batch's `indices` name transitions, not slots: `write *
 + env`, where `write` counts the rows written so far. So update_priorities can tell a
 transition that is still stored from a new one that has since taken its slot, and leaves
 the new one alone.
+
+Hindsight experience replay (`hindsight`; storage/hindsight.py): for goal-conditioned Dict
+observations, each row also records its episode's extent, and a sampled batch relabels its
+first transitions with goals reached later in their own episodes (one-step targets, uniform
+sampling).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from rlstore.files import atomic_save, safe_load
 from rlstore.parts import Tree, check_parts, is_shape, leaves, map_parts, map_shapes, take
 from rlstore.storage.arrays import Array, copy_in, host_array, load_tensors, to_device, torch_dtype
 from rlstore.storage.frame_stacks import FrameStacks
+from rlstore.storage.hindsight import EpisodeIndex, Hindsight
 from rlstore.storage.priorities import Priorities
 
 
@@ -142,6 +148,7 @@ class ReplayBuffer:
         prioritized: bool = False,
         frame_stack: int = 0,
         action_mask_shape: tuple[int, ...] | None = None,
+        hindsight: bool = False,
     ) -> tuple[int, int]:
         """(observation bytes, on the buffer's device; other bytes, in host memory) that a
         buffer of these arguments allocates, so that a caller can refuse one that will not
@@ -159,6 +166,8 @@ class ReplayBuffer:
             obs, host = slots * sum(leaves(per_slot)), 0
         action = _numel(action_shape) * _itemsize(action_dtype)
         host += slots * (action + 4 + 4)  # action, float32 reward, four bool flags
+        if hindsight:
+            host += slots * 16 + num_envs * 8  # EpisodeIndex: int64 first and last per slot
         if prioritized:
             host += 2 * (1 << max(slots - 1, 0).bit_length()) * 8  # the sum tree's float64 nodes
         return obs, host
@@ -182,6 +191,7 @@ class ReplayBuffer:
         frame_stack: int = 0,
         start_capacity: int | None = None,
         action_mask_shape: tuple[int, ...] | None = None,
+        hindsight: Hindsight | None = None,
     ) -> None:
         if num_envs < 1 or capacity < 1:
             raise ValueError(f"capacity ({capacity}) and num_envs ({num_envs}) must be >= 1")
@@ -248,6 +258,28 @@ class ReplayBuffer:
         self._last_next_obs: tuple[tuple[np.dtype, bytes], ...] | None = None
         self._last_done = np.zeros(num_envs, dtype=bool)
         self._bridge_rows: set[int] = set()  # rows with a bridge (rare): n-step checks them
+        self.hindsight = hindsight
+        self.episodes = EpisodeIndex(R, N) if hindsight is not None else None
+        if hindsight is not None:
+            self._check_hindsight()
+
+    def _check_hindsight(self) -> None:
+        """A ValueError unless relabelling can apply: goal Dict observations, one-step
+        targets (an n-step sum would need every reward of the window recomputed), uniform
+        sampling (priorities belong to the stored transitions, not the relabelled ones)."""
+        shape = self.obs_shape
+        if not (isinstance(shape, dict) and "achieved_goal" in shape and "desired_goal" in shape):
+            raise ValueError(
+                "hindsight relabelling needs Dict observations with 'achieved_goal' and "
+                f"'desired_goal' parts, got {shape}"
+            )
+        if shape["achieved_goal"] != shape["desired_goal"]:
+            raise ValueError(
+                f"achieved_goal {shape['achieved_goal']} and desired_goal "
+                f"{shape['desired_goal']} must have the same shape to relabel"
+            )
+        if self.n_step != 1 or self.prioritized or self.frame_stack:
+            raise ValueError("hindsight relabelling takes n_step=1, uniform sampling, no stacks")
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -304,12 +336,16 @@ class ReplayBuffer:
             valid = ~self._last_done  # the step after a done is a pseudo-step
         else:
             if self.added:  # a break row keeps every env's previous next_obs
+                if self.episodes is not None:
+                    self.episodes.cut(self.added, ~continues)
                 no = np.zeros(N, dtype=bool)
                 actions = self._host["actions"][self.cursor]
                 self._advance(actions, np.zeros(N), no, no, no, bridge=continues)
             self._put_obs(self.cursor, obs, self.added)
             valid = np.where(continues, ~self._last_done, True)
         self._put_obs((self.cursor + 1) % self.rows, next_obs, self.added + 1, previous=obs)
+        if self.episodes is not None:
+            self.episodes.add(self.added, valid, terminated | truncated)
         self._advance(action, reward, terminated, truncated, valid)
         self._last_next_obs = _fingerprint(next_obs)
         self._last_done = env_reset
@@ -473,9 +509,11 @@ class ReplayBuffer:
         `indices` (for update_priorities) name the transitions and stay in host memory.
         """
         flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
+        obs = self.stored_obs(np.stack((flat, next_flat)))  # obs and next_obs in one gather
+        if self.hindsight is not None:
+            rewards, terminated = self._relabel(obs, flat, next_flat, rewards, terminated)
         scalars = np.stack((rewards, discounts, weights, terminated), dtype=np.float32)
         actions = torch.from_numpy(self._host["actions"].reshape(-1, *self.action_shape)[flat])
-        obs = self.stored_obs(np.stack((flat, next_flat)))  # obs and next_obs in one gather
         if self.sample_device.type == "cpu":  # no copies: tensors on the numpy arrays
             rewards, discounts, weights = (torch.from_numpy(x) for x in scalars[:3])
             terminated = torch.from_numpy(terminated)
@@ -510,6 +548,8 @@ class ReplayBuffer:
         flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
         both = np.stack((flat, next_flat))
         stored = map_parts(lambda view: _slots(view)[both], self._obs_view)
+        if self.hindsight is not None:
+            rewards, terminated = self._relabel(stored, flat, next_flat, rewards, terminated)
         obs, next_obs, masks = take(stored, 0), take(stored, 1), {}
         if self.action_mask_shape is not None:
             (obs, masks["action_masks"]), (next_obs, masks["next_action_masks"]) = obs, next_obs
@@ -537,6 +577,42 @@ class ReplayBuffer:
             weights = np.ones(batch_size)
         rewards, discounts, terminated, next_flat = self._n_step(flat)
         return flat, next_flat, rewards, discounts, terminated, weights
+
+    def _relabel(
+        self,
+        obs: Tree,
+        flat: np.ndarray,
+        next_flat: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Hindsight: give the batch's first transitions goals their episodes reached.
+        `obs` holds the batch's obs and next_obs, stacked (as gathered); their desired goals
+        are replaced in place. The rewards and terminations, the relabelled ones recomputed."""
+        n = self.hindsight.relabelled(len(flat))
+        if n == 0:
+            return rewards, terminated
+        valid = self._host["valid"].reshape(-1)
+        goal_flat = self.episodes.goal_slots(flat[:n], self.added, valid,
+                                             self.hindsight.strategy, self.generator)  # fmt: skip
+        slots = np.concatenate((next_flat[:n], goal_flat))
+        if self._obs_view is not None:
+            both = _slots(self._goal_part(self._obs_view, "achieved_goal"))[slots]
+        else:
+            index = to_device(torch.from_numpy(slots), self.device)
+            both = _slots(self._goal_part(self.obs, "achieved_goal"))[index].cpu().numpy()
+        next_achieved, goals = both[:n], both[n:]
+        desired = self._goal_part(obs, "desired_goal")  # (2, batch, *goal_shape)
+        desired[:, :n] = goals if isinstance(desired, np.ndarray) else torch.from_numpy(goals)
+        relabelled, ends = self.hindsight.rewards_and_terminations(next_achieved, goals,
+                                                                   terminated[:n])  # fmt: skip
+        rewards, terminated = rewards.copy(), terminated.copy()
+        rewards[:n], terminated[:n] = relabelled, ends
+        return rewards, terminated
+
+    def _goal_part(self, obs: Tree, key: str) -> Array:
+        """The `key` part of an observation tree (the first of the pair with masks)."""
+        return (obs[0] if self.action_mask_shape is not None else obs)[key]
 
     def _transition_ids(self, flat: np.ndarray) -> np.ndarray:
         """write * num_envs + env for flat slots: `write` is the add count when the row was
@@ -644,12 +720,16 @@ class ReplayBuffer:
             rng=self.generator.bit_generator.state,
             last_done=torch.from_numpy(self._last_done.copy()),  # a life loss is no reset
         )
+        if self.episodes is not None:
+            state.update(self.episodes.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state_dict() into a buffer built with the same arguments."""
         if (state["priorities"] is None) != (self.priorities is None):
             raise ValueError("prioritized and uniform buffers cannot load each other's state")
+        if ("episode_start" in state) != (self.episodes is not None):
+            raise ValueError("buffers with and without hindsight cannot load each other's state")
         if ("frames" in state) != bool(self.frame_stack):
             raise ValueError("frame-stack and plain buffers cannot load each other's state")
         for name in ("n_step", "gamma", "alpha"):
@@ -675,6 +755,8 @@ class ReplayBuffer:
         self.cursor, self.added = int(state["cursor"]), int(state["added"])
         if self.priorities is not None:
             self.priorities.load(state["priorities"], float(state["max_priority"]))
+        if self.episodes is not None:
+            self.episodes.load_state_dict(state)
         self.generator.bit_generator.state = state["rng"]
 
     def save(self, path: str | Path) -> None:
