@@ -20,14 +20,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
-if "gymnasium" in sys.modules:  # rlstore's partially observable ids, for gym.make
+if "gymnasium" in sys.modules:  # rlstore's own ids (partially observable, bit flipping)
+    from rlstore.bit_flipping import register as _register_bit_flipping
     from rlstore.partially_observable import register as _register
 
     _register()
+    _register_bit_flipping()
 
 _EXPORTS = {
     "RolloutStorage": "rlstore.storage.rollout",
     "RolloutBatch": "rlstore.storage.rollout",
+    "Hindsight": "rlstore.storage.hindsight",
     "ReplayBuffer": "rlstore.storage.replay",
     "ReplayBatch": "rlstore.storage.replay",
     "QNetwork": "rlstore.networks",

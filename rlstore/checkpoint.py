@@ -286,6 +286,7 @@ SAVEABLE_ENVS = (
     "TaxiEnv",
     "CliffWalkingEnv",
     "BlackjackEnv",
+    "BitFlippingEnv",
 )
 _SKIP = {"metadata", "spec", "render_mode", "screen", "clock", "surf", "screens", "env_fns"}
 # The base layer's MjData, whole: after a step its derived quantities (body positions,

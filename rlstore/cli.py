@@ -286,7 +286,14 @@ def _unknown_flags(cls: type, args: list[str]) -> str | None:
     parts = []
     for name in unknown:
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.7)
-        parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        others = [a.name for a in algos.all_algorithms()
+                  if name in {flag(f.name) for f in dataclasses.fields(a.config)}]  # fmt: skip
+        if others:
+            parts.append(f"{name} (an option of {', '.join(sorted(others))})")
+        elif close:
+            parts.append(f"{name} (did you mean {close[0]}?)")
+        else:
+            parts.append(name)
     return f"unknown option{'s' if len(parts) > 1 else ''} {', '.join(parts)}"
 
 

@@ -29,6 +29,7 @@ from gymnasium.vector import AutoresetMode
 from rlstore import algos
 from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
+from rlstore.bit_flipping import register as register_bit_flipping
 from rlstore.config import CommonConfig
 from rlstore.custom_envs import (
     EnvMaker,
@@ -44,6 +45,11 @@ from rlstore.masks import ActionMasks, mask_source
 from rlstore.partially_observable import register as register_partially_observable
 
 register_partially_observable()  # CartPoleNoVel-v1, PendulumNoVel-v1
+register_bit_flipping()  # BitFlipping-v0
+
+# Gymnasium-Robotics' id prefixes: it registers them when imported
+ROBOTICS_PREFIXES = ("Fetch", "PointMaze", "AntMaze", "HandManipulate", "HandReach",
+                     "AdroitHand", "FrankaKitchen")  # fmt: skip
 
 # Env families that need an optional dependency: (entry-point module prefix or id
 # prefix, what it needs, the rlstore extra that installs it).
@@ -53,6 +59,8 @@ EXTRAS = (
     ("ALE/", "ale-py (the Atari emulator)", "atari"),
     ("MiniGrid-", "minigrid", "minigrid"),
     ("BabyAI-", "minigrid", "minigrid"),
+    *((prefix, "gymnasium-robotics", "robotics") for prefix in ROBOTICS_PREFIXES),
+    ("gymnasium_robotics", "gymnasium-robotics", "robotics"),
 )
 
 
@@ -89,6 +97,11 @@ def check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
     if env_id not in gym.registry and env_id.startswith(("MiniGrid-", "BabyAI-")):
         try:  # minigrid registers its ids on import
             importlib.import_module("minigrid")
+        except ImportError:
+            raise UsageError(f"{env_id} {missing_extra(env_id)}") from None
+    if env_id not in gym.registry and env_id.startswith(ROBOTICS_PREFIXES):
+        try:
+            gym.register_envs(importlib.import_module("gymnasium_robotics"))
         except ImportError:
             raise UsageError(f"{env_id} {missing_extra(env_id)}") from None
     if env_id not in gym.registry:

@@ -20,6 +20,7 @@ from rlstore.custom_envs import EnvMaker, parse_env_kwargs
 from rlstore.encoders import described_shape, description_of_spec
 from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time_limit
 from rlstore.errors import UsageError
+from rlstore.goals import ended_successes, episode_success
 from rlstore.masks import ActionMasks, one_env_mask
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import as_tensors, first_part, is_shape, map_shapes, shape_leaves, take
@@ -261,13 +262,15 @@ def play_episodes(
     episodes: int,
     deterministic: bool,
     video_env: gym.Env | None = None,
-) -> tuple[list[float], list[int], list[np.ndarray]]:
+) -> tuple[list[float], list[int], list[np.ndarray], list[float]]:
     """Play `episodes` episodes: episode i starts from reset(seed=seed + i). torch's RNG (a
     stochastic policy's samples) is seeded with `seed` first. The episodes play side by
     side on `envs`, in batches of its num_envs, each sub-env one episode (what it does
     after its episode ends is not counted). With `video_env` (a rendering env), episode 0
-    plays there alone, and its frames come back: (returns, lengths, frames)."""
+    plays there alone, and its frames come back: (returns, lengths, frames, successes),
+    the successes of the episodes whose last step's info says (goal envs' is_success)."""
     returns, lengths, frames = [0.0] * episodes, [0] * episodes, []
+    successes: list[float] = []
     torch.manual_seed(seed)
     first = 0
     if video_env is not None:
@@ -282,6 +285,8 @@ def play_episodes(
             frames.append(video_env.render())
             returns[0], lengths[0] = returns[0] + float(reward), lengths[0] + 1
             done = terminated or truncated
+        if (success := episode_success(info)) is not None:
+            successes.append(success)
         first = 1
     n = envs.num_envs
     for start in range(first, episodes, n):
@@ -290,12 +295,18 @@ def play_episodes(
         playing = np.arange(n) < episodes - start  # sub-env i plays episode start + i
         while playing.any():
             action = policy(obs, deterministic, getattr(envs, "masks", None))
-            obs, rewards, terminated, truncated, _ = envs.step(action)
+            obs, rewards, terminated, truncated, info = envs.step(action)
             for i in np.flatnonzero(playing):
                 returns[start + i] += float(rewards[i])
                 lengths[start + i] += 1
+            successes += ended_successes(info, playing & (terminated | truncated))
             playing &= ~(terminated | truncated)
-    return returns, lengths, frames
+    return returns, lengths, frames, successes
+
+
+def success_rate(successes: list[float]) -> dict[str, float]:
+    """{"success_rate": the mean} where the env said whether its episodes succeeded."""
+    return {"success_rate": float(np.mean(successes))} if successes else {}
 
 
 def check_video_support(env_id: str, option: str) -> None:
@@ -362,7 +373,8 @@ def evaluate(
     envs = make_eval_envs(policy.env_id, cfg, episodes, policy.mask_source)
     video_env = make_video_env(policy.env_id, cfg) if video else None
     seed = eval_seed(cfg) if seed is None else seed  # not the training envs' seeds
-    returns, lengths, frames = play_episodes(policy, envs, seed, episodes, deterministic, video_env)
+    returns, lengths, frames, successes = play_episodes(policy, envs, seed, episodes,
+                                                        deterministic, video_env)  # fmt: skip
     envs.close()
     video_file = None
     if video_env is not None:
@@ -381,6 +393,7 @@ def evaluate(
         "std_length": float(np.std(lengths)),
         "returns": returns,
         "lengths": lengths,
+        **success_rate(successes),
     }
     write_eval_record(run_dir / "eval.json", result)
     if cfg.get("track_tensorboard", True):
@@ -389,10 +402,14 @@ def evaluate(
         with SummaryWriter(str(run_dir)) as writer:
             writer.add_scalar("eval/episodic_return", result["mean_return"], policy.global_step)
             writer.add_scalar("eval/episodic_length", result["mean_length"], policy.global_step)
+            if "success_rate" in result:
+                writer.add_scalar("eval/success_rate", result["success_rate"], policy.global_step)
+    rate = result.get("success_rate")
     print(
         f"eval {policy.algo} {policy.env_id} ({plural(episodes, 'episode')}, {how}): "
         f"return {result['mean_return']:.1f} +- {result['std_return']:.1f}, "
         f"length {result['mean_length']:.1f} +- {result['std_length']:.1f}"
+        + ("" if rate is None else f", success rate {rate:.2f}")
         + (f"; video {video_file}" if video_file else "")
     )
     return result
@@ -505,7 +522,7 @@ class Evaluator:
                                             spec.get("action_masks"))  # fmt: skip
             video_env = make_video_env(env_id, self.config) if video else None
             seed = eval_seed(self.config)
-            returns, lengths, frames = play_episodes(
+            returns, lengths, frames, successes = play_episodes(
                 policy, self._envs, seed, self.episodes, self.deterministic, video_env
             )
         finally:
@@ -518,6 +535,7 @@ class Evaluator:
             "mean_length": float(np.mean(lengths)),
             "returns": returns,
             "lengths": lengths,
+            **success_rate(successes),
         }
         best = self.best
         self.history.append(result)
@@ -532,6 +550,8 @@ class Evaluator:
             self.writer.add_scalar("eval/mean_return", result["mean_return"], global_step)
             self.writer.add_scalar("eval/std_return", result["std_return"], global_step)
             self.writer.add_scalar("eval/mean_length", result["mean_length"], global_step)
+            if "success_rate" in result:
+                self.writer.add_scalar("eval/success_rate", result["success_rate"], global_step)
         if video_env is not None:
             fps = video_env.metadata.get("render_fps", 30)
             video_env.close()

@@ -63,6 +63,7 @@ from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, is_disk_full
 from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.executor import RUNS_AT_ONCE, available_cores
+from rlstore.goals import ended_successes
 from rlstore.locks import DirectoryLock
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import map_parts
@@ -664,13 +665,21 @@ class Run:
                 raise TrainingInterrupted(self.stop_signal)
 
     def record_step(
-        self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+        self,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict[str, Any] | None = None,
     ) -> None:
-        """Count one vector step of env steps; log the episodes that ended at it."""
+        """Count one vector step of env steps; log the episodes that ended at it, and
+        whether they succeeded where the step's `info` says (goal envs' is_success)."""
         self.count_steps(self.cfg.num_envs)
         returns, lengths = self.stats.update(rewards, terminated, truncated)
         if len(returns):
             self.record_episodes(returns.tolist(), lengths.tolist())
+            if info and self.writer is not None:
+                for success in ended_successes(info, terminated | truncated):
+                    self.writer.add_scalar("charts/success_rate", success, self.global_step)
 
     def count_steps(self, env_steps: int) -> None:
         """Count env steps taken (record_step does, for loops that keep the episode
@@ -722,6 +731,7 @@ class Run:
         self.progress.message(
             f"rlstore: eval at step {self.global_step:,}: return {result['mean_return']:.1f} "
             f"+- {result['std_return']:.1f} over {plural(len(result['returns']), 'episode')}"
+            + (f", success rate {result['success_rate']:.2f}" if "success_rate" in result else "")
             + (" (best so far: best_model.pt)" if result["best"] else "")
         )
         self._call("on_evaluation", result)

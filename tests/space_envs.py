@@ -311,3 +311,50 @@ def reward_per_step(env):
 
 def not_a_wrapper(env):
     return "not an env"
+
+
+class GoalPoint(gym.Env):
+    """A goal-conditioned env in Gymnasium-Robotics' convention, for hindsight replay: a
+    point in the plane moved by Box actions towards a goal; reward -1 until it is within
+    0.2 of the goal, 0 there (compute_reward on arrays); info["is_success"]."""
+
+    observation_space = spaces.Dict(
+        {
+            key: spaces.Box(-2, 2, (2,), np.float64)
+            for key in ("observation", "achieved_goal", "desired_goal")
+        }  # fmt: skip
+    )
+    action_space = spaces.Box(-1, 1, (2,), np.float32)
+
+    def _observe(self):
+        return {"observation": self.point.copy(), "achieved_goal": self.point.copy(),
+                "desired_goal": self.goal.copy()}  # fmt: skip
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.point, self.goal = self.np_random.uniform(-1, 1, (2, 2))
+        return self._observe(), {}
+
+    def step(self, action):
+        self.point = np.clip(self.point + 0.3 * np.asarray(action, np.float64), -2, 2)
+        reward = float(self.compute_reward(self.point, self.goal, {}))
+        return self._observe(), reward, False, False, {"is_success": reward == 0.0}
+
+    @staticmethod
+    def compute_reward(achieved_goal, desired_goal, info):
+        return -(np.linalg.norm(achieved_goal - desired_goal, axis=-1) > 0.2).astype(np.float64)
+
+
+class GoalWithoutReward(GoalPoint):
+    """Goal Dict observations, but no compute_reward: HER cannot relabel it."""
+
+    compute_reward = None
+
+    def step(self, action):
+        self.point = np.clip(self.point + 0.3 * np.asarray(action, np.float64), -2, 2)
+        return self._observe(), 0.0, False, False, {}
+
+
+for _cls, _steps in ((GoalPoint, 10), (GoalWithoutReward, 10)):
+    if f"{_cls.__name__}-v0" not in gym.registry:
+        gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)

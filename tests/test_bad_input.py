@@ -83,6 +83,19 @@ def run_main(args, logdir, capsys):
             ["sac", "--env", "Pendulum-v1", "--fire-on-life-loss"],
             "--fire-on-life-loss applies to Atari games only",
         ),
+        (["ppo", "--her"], "unknown option --her (an option of ddpg, dqn, sac, td3)"),
+        (["sac", "--env", "Pendulum-v1", "--her"], "--her needs a goal-conditioned env, whose"),
+        (
+            ["dqn", "--env", "space_envs:DictTarget-v0", "--her"],
+            "DictTarget-v0 observes a Dict of ['image', 'offset']; train without --her",
+        ),
+        (
+            ["td3", "--env", "space_envs:GoalWithoutReward-v0", "--her"],
+            "with the env's compute_reward(achieved_goal, desired_goal, info), which",
+        ),
+        (["ddpg", "--env", "space_envs:GoalPoint-v0", "--her-goals", "-1"], "--her-goals must be"),
+        (["dqn", "--env", "BitFlipping-v0", "--her", "--n-step", "3"], "--her takes one-step"),
+        (["dqn", "--env", "BitFlipping-v0", "--her", "--prioritized"], "--her takes one-step"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, message, logdir, capsys):
@@ -123,6 +136,7 @@ def test_dqn_total_timesteps_error_names_its_own_flags(logdir, capsys):
         ("HalfCheetah-v5", "mujoco", "mujoco"),
         ("ALE/Pong-v5", "ale_py", "atari"),
         ("BreakoutNoFrameskip-v4", "ale_py", "atari"),
+        ("FetchReach-v4", "gymnasium_robotics", "robotics"),
     ],
 )
 def test_an_env_without_its_extra_names_the_extra(env_id, module, extra, logdir, capsys):

@@ -87,7 +87,7 @@ def test_best_model_is_written_only_when_the_mean_improves(tmp_path):
 
     def fake_play(policy, env, seed, episodes, deterministic, video_env=None):
         n = next(lengths)
-        return [float(n)], [n], []
+        return [float(n)], [n], [], []
 
     real_play, rlstore.evaluate.play_episodes = rlstore.evaluate.play_episodes, fake_play
     try:
@@ -186,7 +186,7 @@ def test_episodes_played_side_by_side_equal_a_naive_one_at_a_time_loop(algo, env
     assert seed == policy.config["seed"] + 10_000
     episodes = EVAL_ENVS + 3
     envs = make_eval_envs(env_id, policy.config, episodes)
-    returns, lengths, _ = play_episodes(policy, envs, seed, episodes, deterministic=True)
+    returns, lengths, _, _ = play_episodes(policy, envs, seed, episodes, deterministic=True)
     env, naive_returns, naive_lengths = gym.make(env_id), [], []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)

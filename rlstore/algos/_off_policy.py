@@ -15,10 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlstore.algos._shared import check_replay_fits
+from rlstore.algos._shared import ReplayConfig, check_replay_fits, make_hindsight
 from rlstore.config import (
     Bound,
-    CommonConfig,
     Count,
     Fraction,
     NonNegative,
@@ -34,7 +33,7 @@ from rlstore.storage.replay import ReplayBuffer
 
 
 @dataclass
-class ContinuousOffPolicyConfig(CommonConfig):
+class ContinuousOffPolicyConfig(ReplayConfig):
     """What SAC and TD3 share (defaults: CleanRL's sac_continuous_action.py and
     td3_continuous_action.py)."""
 
@@ -112,17 +111,19 @@ def make_replay_buffer(
     cfg: ContinuousOffPolicyConfig, envs: gym.vector.VectorEnv, device: torch.device
 ) -> ReplayBuffer:
     """The run's replay buffer: observations as stored_dtype says (float vectors as
-    float32), float32 actions, one-step targets, after checking that it fits in memory."""
+    float32), float32 actions, one-step targets, hindsight relabelling with --her, after
+    checking that it fits in memory."""
+    hindsight = make_hindsight(cfg)
     obs_shape = stored_shape(envs.single_observation_space)
     obs_dtype = stored_dtype(envs.single_observation_space)
     action_shape = envs.single_action_space.shape
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     shapes = dict(action_shape=action_shape, action_dtype=torch.float32)
     check_replay_fits(buffer_device, cfg.buffer_size, cfg.num_envs, obs_shape, obs_dtype,
-                      **shapes)  # fmt: skip
+                      hindsight=hindsight is not None, **shapes)  # fmt: skip
     return ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, obs_dtype, **shapes,
                         device=buffer_device, sample_device=device, gamma=cfg.gamma,
-                        seed=cfg.seed)  # fmt: skip
+                        seed=cfg.seed, hindsight=hindsight)  # fmt: skip
 
 
 def random_actions(space: gym.spaces.Box, num_envs: int) -> np.ndarray:
@@ -151,9 +152,9 @@ def step_and_store(
     """Step every env with `action`, store the transitions (the buffer keeps the true final
     observation a truncation bootstraps from, and skips the autoreset pseudo-steps), count
     the episodes; the next observations."""
-    next_obs, reward, terminated, truncated, _ = envs.step(action)
+    next_obs, reward, terminated, truncated, info = envs.step(action)
     buffer.add(obs, action, reward, next_obs, terminated, truncated)
-    run.record_step(reward, terminated, truncated)
+    run.record_step(reward, terminated, truncated, info)
     return next_obs
 
 

@@ -114,7 +114,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
             env_action = np.clip(env_action, space.low, space.high)
         elif agent.head is not None:  # MultiDiscrete's start, MultiBinary's shape
             env_action = agent.head.env_action(env_action)
-        next_obs, reward, terminated, truncated, _ = envs.step(env_action)
+        next_obs, reward, terminated, truncated, info = envs.step(env_action)
         stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
         if sign_rewards:
@@ -122,7 +122,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
                        None if lives is None else lives.life_lost,
                        action_mask=None if masks is None else masks.masks)  # fmt: skip
-        run.record_step(reward, terminated, truncated)
+        run.record_step(reward, terminated, truncated, info)
 
     # The same steps with fewer calls, for small envs stepped in this process (rlstore/lean.py)
     if not sign_rewards and lives is None and LeanRollout.supports(envs, storage, act_on_host):

@@ -3,14 +3,46 @@ parameters, and the replay buffer's memory check."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from rlstore.config import CommonConfig, NonNegativeInt
+from rlstore.custom_envs import EnvMaker, parse_env_kwargs
+from rlstore.envs import check_env_id, time_limit
+from rlstore.goals import hindsight_for
 from rlstore.run import check_memory
+from rlstore.storage.hindsight import Hindsight
 from rlstore.storage.replay import ReplayBuffer
+
+
+@dataclass
+class ReplayConfig(CommonConfig):
+    """What the algorithms with a replay buffer share: hindsight experience replay."""
+
+    her: bool = False
+    """Hindsight experience replay (Andrychowicz et al. 2017), for goal-conditioned envs
+    (a Dict observation of observation, achieved_goal and desired_goal, and the env's
+    compute_reward): replayed transitions also aim at goals their episodes reached."""
+    her_goals: NonNegativeInt = 4
+    """With --her: relabelled goals per real one; a fraction goals / (goals + 1) of each
+    batch is relabelled (SB3's n_sampled_goal)."""
+    her_strategy: Literal["future", "final", "episode"] = "future"
+    """With --her: where a relabelled goal comes from: a step at or after the transition's
+    (future), the episode's last (final) or any step of it (episode)."""
+
+
+def make_hindsight(cfg: ReplayConfig) -> Hindsight | None:
+    """The run's Hindsight with --her (its env made once, kept for compute_reward), or a
+    UsageError saying why the env cannot take it; None without --her."""
+    if not cfg.her:
+        return None
+    make = EnvMaker(check_env_id(cfg.env_id).id, parse_env_kwargs(cfg.env_kwargs), cfg.wrapper,
+                    cfg.drop_obs_keys, **time_limit(cfg.max_episode_steps))  # fmt: skip
+    return hindsight_for(make(), cfg.env_id, cfg.her_goals, cfg.her_strategy)
 
 
 def linear_schedule(start: float, end: float, duration: int, t: int) -> float:

@@ -25,15 +25,16 @@ from torch.nn import functional as F
 from rlstore.action_heads import masked_q
 from rlstore.algos import Algorithm
 from rlstore.algos._shared import (
+    ReplayConfig,
     check_replay_fits,
     crossings,
     linear_schedule,
+    make_hindsight,
     optimizer_params,
     update_target,
 )
 from rlstore.config import (
     Bound,
-    CommonConfig,
     Count,
     Fraction,
     NonNegativeInt,
@@ -60,7 +61,7 @@ from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 
 @dataclass
-class DQNConfig(CommonConfig):
+class DQNConfig(ReplayConfig):
     """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
 
     num_envs: Count = 1
@@ -124,6 +125,12 @@ class DQNConfig(CommonConfig):
                 f"{self.buffer_size}]; lower the batch size or enlarge the buffer"
             )
         check_widths("--q-hidden", self.q_hidden)
+        if self.her and (self.n_step > 1 or self.prioritized):
+            raise UsageError(
+                "--her takes one-step targets and uniform replay (a relabelled n-step sum "
+                "would need every reward of its window recomputed, and priorities belong to "
+                "the stored transitions); drop --n-step or --prioritized"
+            )
         if self.learning_starts > self.total_timesteps:
             raise UsageError(
                 f"--learning-starts {self.learning_starts} is larger than --total-timesteps "
@@ -231,6 +238,7 @@ def check_buffer_fits(
     check_replay_fits(
         device, cfg.buffer_size, cfg.num_envs, stored_shape(obs_space), stored_dtype(obs_space),
         prioritized=cfg.prioritized, frame_stack=obs_space.shape[0] if frames else 0,
+        hindsight=cfg.her,
     )  # fmt: skip
 
 
@@ -268,6 +276,7 @@ def train(
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
     check_buffer_fits(cfg, obs_space, buffer_device, frames)
+    hindsight = make_hindsight(cfg)
     buffer = ReplayBuffer(
         cfg.buffer_size,
         cfg.num_envs,
@@ -283,6 +292,7 @@ def train(
         seed=cfg.seed,
         frame_stack=obs_space.shape[0] if frames else 0,
         action_mask_shape=None if masks is None else (num_actions,),
+        hindsight=hindsight,
     )
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
     # (rlstore/host_updates.py); it takes no masks
@@ -303,12 +313,12 @@ def train(
         the next observations."""
         mask = None if masks is None else masks.masks
         action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions, mask)
-        next_obs, reward, terminated, truncated, _ = envs.step(action)
+        next_obs, reward, terminated, truncated, info = envs.step(action)
         learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
         both = {} if masks is None else {"action_mask": mask, "next_action_mask": masks.masks}
         buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
                    None if lives is None else lives.life_lost, **both)  # fmt: skip
-        run.record_step(reward, terminated, truncated)
+        run.record_step(reward, terminated, truncated, info)
         return next_obs
 
     # The same step with one env, with fewer calls (rlstore/lean.py)

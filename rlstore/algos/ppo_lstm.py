@@ -111,7 +111,7 @@ def collect(
             env_action = np.clip(env_action, space.low, space.high)
         elif agent.head is not None:  # MultiDiscrete's start, MultiBinary's shape
             env_action = agent.head.env_action(env_action)
-        next_obs, reward, terminated, truncated, _ = envs.step(env_action)
+        next_obs, reward, terminated, truncated, info = envs.step(env_action)
         stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
         if sign_rewards:
@@ -120,7 +120,7 @@ def collect(
         storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
                        life_lost, recurrent_state=acting,
                        action_mask=None if masks is None else masks.masks)  # fmt: skip
-        run.record_step(reward, terminated, truncated)
+        run.record_step(reward, terminated, truncated, info)
 
 
 def compute_returns(
