@@ -50,7 +50,7 @@ ROW_KEYS = (
     "name", "algo", "env", "steps", "seeds", "overrides", "threshold", "need", "band", "source",
     "score", "normalize", "reach_window", "requires",
 )  # fmt: skip
-SCORES = ("training", "evaluation")
+SCORES = ("training", "evaluation", "success")
 REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
 # (a row's reach_window sets another count, e.g. 100 for "the mean of the last 100 reaches")
 
@@ -67,7 +67,8 @@ class Row:
     need: int | None = None  # seeds that must reach the threshold
     band: tuple[float, float] | None = None
     source: str | None = None
-    score: str = "training"  # or "evaluation": the final evaluation's mean return
+    # or "evaluation": the final evaluation's mean return; "success": its success rate
+    score: str = "training"
     normalize: tuple[float, float] | None = None  # scores mapped to [0, 1] for aggregates
     reach_window: int = REACH_WINDOW  # returns averaged for "steps to threshold"
     # package -> the versions its band was scored under ({"mujoco": "<3.5"}): runs on other
@@ -76,7 +77,7 @@ class Row:
 
     def specs(self, out: Path) -> list[RunSpec]:
         overrides = {**self.overrides, "total_timesteps": self.steps}
-        if self.score == "evaluation":  # at least the final evaluation
+        if self.score != "training":  # at least the final evaluation
             overrides.setdefault("eval_every", self.steps)
         return [
             RunSpec(
@@ -209,7 +210,7 @@ def _known(table: dict, keys: tuple[str, ...], where: str) -> None:
 
 def _score(value: Any, where: str) -> str:
     if value not in SCORES:
-        raise UsageError(f'{where}: score must be "training" or "evaluation" (got {value!r})')
+        raise UsageError(f"{where}: score must be one of {', '.join(SCORES)} (got {value!r})")
     return value
 
 
@@ -303,9 +304,10 @@ def run_result(
     reached = None
     if threshold is not None:
         reached = first_reach(returns, steps, threshold, reach_window)
-    if score == "evaluation":
-        evaluations = summary.get("evaluations") or [{"mean_return": float("nan")}]
-        value = evaluations[-1]["mean_return"]
+    if score != "training":  # the final evaluation's mean return or success rate
+        key = "mean_return" if score == "evaluation" else "success_rate"
+        evaluations = summary.get("evaluations") or [{}]
+        value = evaluations[-1].get(key, float("nan"))
     else:
         value = float(np.mean(returns[-window:])) if returns else float("nan")
     record = Path(summary["run_dir"]) / "config.json"  # (what the run ran on)
@@ -387,6 +389,14 @@ def made_where() -> str:
     )
 
 
+def score_text(row: dict) -> str:
+    """A row's score as the results table gives it: success rates with two decimals."""
+    if row["score"] == "success":
+        return f"{row['score_mean']:.2f} +- {row['score_std']:.2f} (success)"
+    mark = " (eval)" if row["score"] == "evaluation" else ""
+    return f"{row['score_mean']:.1f} +- {row['score_std']:.1f}{mark}"
+
+
 def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
     lines = [
         f"# Benchmark: {suite.name}",
@@ -397,6 +407,12 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
             " (rows marked (eval): the mean return of the final evaluation, the final policy "
             "played deterministically as `rlstore eval` plays it, as RL Zoo's tables score)"
             if any(r["score"] == "evaluation" for r in rows)
+            else ""
+        )
+        + (
+            " (rows marked (success): the success rate of the final evaluation, from the "
+            "env's info['is_success'] at each episode's end)"
+            if any(r["score"] == "success" for r in rows)
             else ""
         )
         + "; per row, the mean +- std (population) over seeds. Steps to threshold (on "
@@ -431,8 +447,7 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
             verdict += f" (band scored under {scored}; ran {', '.join(r['other_versions'])})"
         lines.append(
             f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
-            f"{r['score_mean']:.1f} +- {r['score_std']:.1f}"
-            f"{' (eval)' if r['score'] == 'evaluation' else ''} | {band} | {to} | "
+            f"{score_text(r)} | {band} | {to} | "
             f"{r['wall_seconds']:.1f} | {r['steps_per_second']:,.0f} | {verdict} |"
         )
     sources = [f"- {r['name']} on {r['env']}: {r['source']}" for r in rows if r["source"]]
