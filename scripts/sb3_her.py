@@ -93,7 +93,8 @@ def main() -> None:
              "episodes of the final policy each; the same settings as `rlstore benchmark "
              "her`'s td3-her row (listed in the script's docstring). Wall time: one run "
              "alone on a core, default threads.", "",
-             "| trainer | success rates | mean +- std | wall s/run |", "|---|---|---|---|"]  # fmt: skip
+             "| trainer | success rates | mean +- std | wall s/run |",
+             "|---|---|---|---|"]  # fmt: skip
     wall = np.mean([r["wall_seconds"] for r in runs])
     lines.append(f"| SB3 TD3 + HerReplayBuffer | {', '.join(f'{r:.2f}' for r in rates)} | "
                  f"{sb3['mean']:.2f} +- {sb3['std']:.2f} | {wall:.0f} |")  # fmt: skip

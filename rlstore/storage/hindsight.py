@@ -69,7 +69,7 @@ class Hindsight:
         """The env's rewards of reaching `next_achieved` when aiming at `goals`, and the
         terminations (`terminated`, the stored ones, without compute_terminated)."""
         n = len(goals)
-        info = [{} for _ in range(n)]
+        info = [{}] * n  # (one dict shared: the functions only read it)
         rewards = np.asarray(self.compute_reward(next_achieved, goals, info), dtype=np.float64)
         if rewards.shape != (n,):
             raise ValueError(
@@ -131,8 +131,8 @@ class EpisodeIndex:
         row, env = np.divmod(flat, N)
         write = added - 1 - (added - 1 - row) % R  # the transition's write number
         oldest = added - R + 1  # the oldest transition still stored
-        start = np.maximum(self.start[row, env], oldest)
-        end = self.end[row, env]
+        start = np.maximum(self.start.reshape(-1)[flat], oldest)
+        end = self.end.reshape(-1)[flat]
         end = np.where(end < 0, added - 1, end)  # running: up to the newest step
         if strategy == "final":
             step = end

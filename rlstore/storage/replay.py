@@ -118,6 +118,12 @@ def _slots(obs: Array) -> Array:
     return obs.reshape(-1, *obs.shape[2:])
 
 
+def _gather(array: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """The slots `flat` (any shape) of a host (rows, num_envs, ...) array: np.take, which
+    for index arrays of two dimensions is about 4x faster than indexing."""
+    return np.take(_slots(array), flat, axis=0)
+
+
 class ReplayBuffer:
     """Circular replay storage for `num_envs` envs, one `add` per vector step.
 
@@ -458,7 +464,7 @@ class ReplayBuffer:
         if self.stacks is not None:
             return self.stacks.stacks(flat)
         if self._obs_view is not None:  # in host memory: numpy's gather costs less
-            return map_parts(lambda view: torch.from_numpy(_slots(view)[flat]), self._obs_view)
+            return map_parts(lambda view: torch.from_numpy(_gather(view, flat)), self._obs_view)
         index = to_device(torch.from_numpy(flat), self.device)
         return map_parts(lambda obs: _slots(obs)[index], self.obs)
 
@@ -513,7 +519,7 @@ class ReplayBuffer:
         if self.hindsight is not None:
             rewards, terminated = self._relabel(obs, flat, next_flat, rewards, terminated)
         scalars = np.stack((rewards, discounts, weights, terminated), dtype=np.float32)
-        actions = torch.from_numpy(self._host["actions"].reshape(-1, *self.action_shape)[flat])
+        actions = torch.from_numpy(_gather(self._host["actions"], flat))
         if self.sample_device.type == "cpu":  # no copies: tensors on the numpy arrays
             rewards, discounts, weights = (torch.from_numpy(x) for x in scalars[:3])
             terminated = torch.from_numpy(terminated)
@@ -547,7 +553,7 @@ class ReplayBuffer:
             raise ValueError("sample_host needs a buffer of flat observations in host memory")
         flat, next_flat, rewards, discounts, terminated, weights = self._draw(batch_size, beta)
         both = np.stack((flat, next_flat))
-        stored = map_parts(lambda view: _slots(view)[both], self._obs_view)
+        stored = map_parts(lambda view: _gather(view, both), self._obs_view)
         if self.hindsight is not None:
             rewards, terminated = self._relabel(stored, flat, next_flat, rewards, terminated)
         obs, next_obs, masks = take(stored, 0), take(stored, 1), {}
@@ -555,7 +561,7 @@ class ReplayBuffer:
             (obs, masks["action_masks"]), (next_obs, masks["next_action_masks"]) = obs, next_obs
         return ReplayBatch(
             obs=obs,
-            actions=self._host["actions"].reshape(-1, *self.action_shape)[flat],
+            actions=_gather(self._host["actions"], flat),
             rewards=rewards.astype(np.float32),
             next_obs=next_obs,
             terminated=terminated,
@@ -597,7 +603,7 @@ class ReplayBuffer:
                                              self.hindsight.strategy, self.generator)  # fmt: skip
         slots = np.concatenate((next_flat[:n], goal_flat))
         if self._obs_view is not None:
-            both = _slots(self._goal_part(self._obs_view, "achieved_goal"))[slots]
+            both = _gather(self._goal_part(self._obs_view, "achieved_goal"), slots)
         else:
             index = to_device(torch.from_numpy(slots), self.device)
             both = _slots(self._goal_part(self.obs, "achieved_goal"))[index].cpu().numpy()
