@@ -605,7 +605,8 @@ def shipped_suites() -> list[str]:
     return sorted(path.stem for path in (PRESET_DIR / "suites").glob("*.toml"))
 
 
-@needs("box2d,mujoco,atari,minigrid", "Box2D", "mujoco", "ale_py", "minigrid")
+@needs("box2d,mujoco,atari,minigrid,robotics", "Box2D", "mujoco", "ale_py", "minigrid",
+       "gymnasium_robotics")
 def test_shipped_suites_pass_their_preflight():
     for name in shipped_suites():
         preflight(load_suite(find_suite(name)).rows)  # configs, env ids, extras, spaces
@@ -651,7 +652,7 @@ def test_shipped_suites_load_and_name_their_sources():
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nthreshold = 1\n'
          "reach_window = 0\n", "reach_window is a number of returns >= 1, with a threshold"),
         ('score = "final"\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n',
-         'score must be "training" or "evaluation"'),
+         'score must be one of training, evaluation, success'),
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nnormalize = [5, 1]\n',
          "normalize must be [min, max] scores, min < max"),
     ],

@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import space_envs  # noqa: F401 (registers GoalPoint-v0)
+from extras import needs
 from tiny_runs import COMMON, resumes_bitwise
 
 from rlstore.algos import ddpg, dqn, sac, td3
@@ -133,3 +134,29 @@ def test_success_rates_in_tensorboard_summary_and_eval(logdir):
     assert 0.0 <= result["success_rate"] <= 1.0
     assert json.loads((run_dir / "eval.json").read_text())["evaluations"][-1]["success_rate"] \
         == result["success_rate"]  # fmt: skip
+
+
+def test_successes_are_read_at_episode_ends_only():
+    from rlstore.goals import ended_successes, episode_success
+
+    info = {"is_success": np.array([1.0, 0.0, 1.0]), "_is_success": np.array([True, True, False])}
+    ended = np.array([True, True, True])
+    assert ended_successes(info, ended) == [1.0, 0.0]  # env 2 did not say
+    assert ended_successes(info, np.array([False, True, False])) == [0.0]
+    maze = {"success": np.array([True, False]), "_success": np.array([True, True])}
+    assert ended_successes(maze, np.array([True, False])) == [1.0]  # PointMaze's key
+    assert ended_successes({}, ended) == []
+    assert episode_success({"is_success": np.float32(1.0)}) == 1.0
+    assert episode_success({"success": False}) == 0.0 and episode_success({}) is None
+
+
+@needs("robotics", "gymnasium_robotics")
+def test_sac_with_her_trains_on_fetch_reach(logdir):
+    """Gymnasium-Robotics' FetchReach builds (MuJoCo below 4) and trains with --her; its
+    success rate reaches the evaluation."""
+    cfg = SACConfig(env_id="FetchReach-v4", her=True, total_timesteps=300, learning_starts=100,
+                    batch_size=32, hidden=(32, 32), eval_every=300, eval_episodes=2,
+                    logdir=logdir, device="cpu", progress=False)  # fmt: skip
+    result = sac.train(cfg)
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["evaluations"][-1]["success_rate"] in (0.0, 0.5, 1.0)
