@@ -272,6 +272,8 @@ def y_label(tag: str, smooth_window: int) -> str:
         "charts/episodic_length": "episode length",
         "eval/mean_return": "evaluation return (mean over its episodes)",
         "eval/mean_length": "evaluation episode length (mean)",
+        "charts/success_rate": "success rate of the training episodes",
+        "eval/success_rate": "evaluation success rate",
     }.get(tag, tag)
     smoothed = f", smoothed over {smooth_window} points" if smooth_window > 1 else ""
     return f"{what}, mean over seeds{smoothed}"

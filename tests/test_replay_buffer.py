@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from rlstore import ReplayBuffer
 from rlstore.envs import make_vec_env
-from rlstore.storage import SumTree
+from rlstore.storage import Hindsight, SumTree
+from rlstore.storage.hindsight import GOAL_KEYS
 from tests import obs_layouts
 from tests.obs_layouts import LAYOUTS, decode, tensors_equal
 
@@ -545,12 +546,17 @@ def test_bad_arguments():
              prioritized=True),
         dict(capacity=300, num_envs=2, obs_shape=obs_layouts.shape("parts", 3),
              obs_dtype=obs_layouts.dtype("parts")),
+        dict(capacity=301, num_envs=3, obs_shape=dict.fromkeys(GOAL_KEYS, (3,)),
+             obs_dtype=dict.fromkeys(GOAL_KEYS, np.float32), hindsight=True),
     ],
 )  # fmt: skip
 def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
-    buffer = ReplayBuffer(**kwargs)
+    hindsight = Hindsight(lambda achieved, desired, info: 0.0) if kwargs.get("hindsight") else None
+    buffer = ReplayBuffer(**{**kwargs, "hindsight": hindsight})
     obs = buffer.stacks.frames if buffer.frame_stack else buffer.obs
-    if isinstance(obs, dict):  # parts: vec float32, pixels uint8, code int64
+    if hindsight is not None:  # three float32 parts
+        obs = torch.cat([part.flatten() for part in obs.values()])
+    elif isinstance(obs, dict):  # parts: vec float32, pixels uint8, code int64
         parts = [obs["vec"], *obs["more"]]
         assert [p.dtype for p in parts] == [torch.float32, torch.uint8, torch.int64]
         obs = torch.cat([p.flatten().view(torch.uint8) for p in parts])
@@ -562,6 +568,8 @@ def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
     host_bytes = sum(t.nbytes for t in host) + (
         buffer.priorities.tree.nodes.nbytes if buffer.priorities else 0
     )
+    if hindsight is not None:
+        host_bytes += sum(getattr(buffer.episodes, n).nbytes for n in ("start", "end", "running"))
     assert ReplayBuffer.memory_bytes(**kwargs) == (obs.nbytes, host_bytes)
 
 
