@@ -605,8 +605,14 @@ def shipped_suites() -> list[str]:
     return sorted(path.stem for path in (PRESET_DIR / "suites").glob("*.toml"))
 
 
-@needs("box2d,mujoco,atari,minigrid,robotics", "Box2D", "mujoco", "ale_py", "minigrid",
-       "gymnasium_robotics")
+@needs(
+    "box2d,mujoco,atari,minigrid,robotics",
+    "Box2D",
+    "mujoco",
+    "ale_py",
+    "minigrid",
+    "gymnasium_robotics",
+)
 def test_shipped_suites_pass_their_preflight():
     for name in shipped_suites():
         preflight(load_suite(find_suite(name)).rows)  # configs, env ids, extras, spaces

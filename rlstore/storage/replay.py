@@ -72,6 +72,7 @@ class ReplayBatch(NamedTuple):
     rewards: the n-step discounted reward sums; discounts: gamma^k with the real window
     length k; terminated: whether the window ended with a termination. weights are the
     importance weights (ones without prioritized replay); indices go to update_priorities.
+    With hindsight, the first `hindsight.relabelled(batch_size)` transitions are relabelled.
     `sample` fills it with tensors, `sample_host` with numpy arrays.
     """
 
