@@ -306,3 +306,28 @@ def test_a_reward_function_that_does_not_take_arrays_is_one_clear_error():
     goal_stream(buffer, Reference(1, buffer.rows), 5, np.random.default_rng(0), 0.0)
     with pytest.raises(ValueError, match="once per batch with arrays"):
         buffer.sample(10)
+
+
+def test_relabelling_keeps_the_action_masks_of_each_slot():
+    """With action masks (kept beside each observation), relabelled batches still carry the
+    masks of their own obs and next_obs."""
+    obs_dtype = {key: np.float32 for key in SHAPES}
+    buffer = ReplayBuffer(40, 1, SHAPES, obs_dtype, seed=0, action_mask_shape=(3,),
+                          hindsight=Hindsight(reached, goals=1_000_000))  # fmt: skip
+
+    def observe(i):  # the mask is a function of the observation's id
+        ids = np.array([[float(i)]], np.float32)
+        mask = np.array([[i % 2 == 0, True, i % 3 == 0]])
+        return {"observation": ids, "achieved_goal": ids, "desired_goal": -ids}, mask
+
+    for i in range(1, 30):
+        (obs, mask), (nxt, next_mask) = observe(i), observe(i + 1)
+        buffer.add(obs, [0], [-1.0], nxt, [False], [i % 10 == 0], action_mask=mask,
+                   next_action_mask=next_mask)  # fmt: skip
+    batch = buffer.sample(200)
+    for i, j, m, nm in zip(batch.obs["observation"][:, 0].tolist(),
+                           batch.next_obs["observation"][:, 0].tolist(),
+                           batch.action_masks, batch.next_action_masks):  # fmt: skip
+        assert (m.numpy() == observe(int(i))[1][0]).all()
+        assert (nm.numpy() == observe(int(j))[1][0]).all()
+    assert (batch.obs["desired_goal"][:199] >= 0).all()  # relabelled: reached ids
