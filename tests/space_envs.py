@@ -358,3 +358,15 @@ class GoalWithoutReward(GoalPoint):
 for _cls, _steps in ((GoalPoint, 10), (GoalWithoutReward, 10)):
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
+
+
+class GoalScalarReward(GoalPoint):
+    """compute_reward for one goal only (a float): HER cannot call it on a batch."""
+
+    @staticmethod
+    def compute_reward(achieved_goal, desired_goal, info):
+        return -float(np.linalg.norm(achieved_goal - desired_goal) > 0.2)
+
+
+if "GoalScalarReward-v0" not in gym.registry:
+    gym.register("GoalScalarReward-v0", entry_point=GoalScalarReward, max_episode_steps=10)

@@ -94,6 +94,10 @@ def run_main(args, logdir, capsys):
             "with the env's compute_reward(achieved_goal, desired_goal, info), which",
         ),
         (["ddpg", "--env", "space_envs:GoalPoint-v0", "--her-goals", "-1"], "--her-goals must be"),
+        (
+            ["sac", "--env", "space_envs:GoalScalarReward-v0", "--her"],
+            "with arrays of goals, one per row; on three goals it failed (",
+        ),
         (["dqn", "--env", "BitFlipping-v0", "--her", "--n-step", "3"], "--her takes one-step"),
         (["dqn", "--env", "BitFlipping-v0", "--her", "--prioritized"], "--her takes one-step"),
     ],

@@ -73,9 +73,8 @@ class Hindsight:
         rewards = np.asarray(self.compute_reward(next_achieved, goals, info), dtype=np.float64)
         if rewards.shape != (n,):
             raise ValueError(
-                f"compute_reward returned shape {rewards.shape} for {n} goals; HER calls it "
-                "once per batch with arrays of goals (one row each), as Gymnasium-Robotics' "
-                "envs take them: make it work on arrays"
+                f"compute_reward returned shape {rewards.shape} for {n} goals, not ({n},): "
+                "it must take arrays of goals, one per row"
             )
         if self.compute_terminated is not None:
             done = self.compute_terminated(next_achieved, goals, info)
