@@ -39,7 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "benchmark-her"
 CAPACITY, EPISODE = 100_000, 50
-SAC = dict(gamma=0.95, learning_rate=1e-3, batch_size=256, learning_starts=1000, hidden=[64, 64])
+SETTINGS = dict(gamma=0.95, learning_rate=1e-3, batch_size=256, learning_starts=1000,
+                hidden=[64, 64])  # fmt: skip
 
 
 def fetch_env() -> gym.Env:
@@ -115,20 +116,22 @@ def sampling() -> dict:
 def sb3_run(steps: int, seed: int) -> None:
     from stable_baselines3 import SAC, HerReplayBuffer
 
-    model = SAC("MultiInputPolicy", fetch_env(), learning_rate=SAC["learning_rate"],
-                buffer_size=1_000_000, learning_starts=SAC["learning_starts"],
-                batch_size=SAC["batch_size"], tau=0.005, gamma=SAC["gamma"], train_freq=1,
-                gradient_steps=1, ent_coef="auto", replay_buffer_class=HerReplayBuffer,
+    model = SAC("MultiInputPolicy", fetch_env(), learning_rate=SETTINGS["learning_rate"],
+                buffer_size=1_000_000, learning_starts=SETTINGS["learning_starts"],
+                batch_size=SETTINGS["batch_size"], tau=0.005, gamma=SETTINGS["gamma"],
+                train_freq=1, gradient_steps=1, ent_coef="auto",
+                replay_buffer_class=HerReplayBuffer,
                 replay_buffer_kwargs=dict(n_sampled_goal=4, goal_selection_strategy="future"),
-                policy_kwargs=dict(net_arch=SAC["hidden"]), seed=seed, device="cpu")  # fmt: skip
+                policy_kwargs=dict(net_arch=SETTINGS["hidden"]), seed=seed,
+                device="cpu")  # fmt: skip
     model.learn(steps)
 
 
 def rlstore_args(steps: int, seed: int, logdir: str) -> list[str]:
     return ["train", "sac", "--env", "FetchReach-v4", "--her", "--total-timesteps", str(steps),
-            "--seed", str(seed), "--gamma", str(SAC["gamma"]), "--policy-lr", "1e-3",
-            "--q-lr", "1e-3", "--batch-size", str(SAC["batch_size"]), "--learning-starts",
-            str(SAC["learning_starts"]), "--hidden", *map(str, SAC["hidden"]),
+            "--seed", str(seed), "--gamma", str(SETTINGS["gamma"]), "--policy-lr", "1e-3",
+            "--q-lr", "1e-3", "--batch-size", str(SETTINGS["batch_size"]), "--learning-starts",
+            str(SETTINGS["learning_starts"]), "--hidden", *map(str, SETTINGS["hidden"]),
             "--logdir", logdir, "--no-progress"]  # fmt: skip
 
 
