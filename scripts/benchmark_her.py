@@ -5,7 +5,9 @@
     python scripts/benchmark_her.py sampling           # batches of 256 and 1,024, full buffer
     python scripts/benchmark_her.py runs --steps 20000 # whole FetchReach-v4 SAC + HER runs
 
-sampling: both buffers hold the same 100,000 transitions (FetchReach's shapes: a 10-number
+sampling: both buffers hold the same 100,000 transitions, then 1,000,000 (RL Zoo's
+FetchReach buffer; SB3's sampling scans its whole episode-length array, so its cost grows
+with the buffer's size) (FetchReach's shapes: a 10-number
 observation, 3-number goals, 4-number actions; episodes of 50 steps, one env) and relabel
 with future goals, 4 per real one, rewards by FetchReach's own compute_reward (one vectorized
 call per batch on both sides). Per batch size: the median over 5 repeats of the mean time
@@ -38,7 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "benchmark-her"
-CAPACITY, EPISODE = 100_000, 50
+CAPACITIES, EPISODE = (100_000, 1_000_000), 50
 SETTINGS = dict(gamma=0.95, learning_rate=1e-3, batch_size=256, learning_starts=1000,
                 hidden=[64, 64])  # fmt: skip
 
@@ -80,6 +82,23 @@ def timed(sample, batch: int) -> float:
 
 
 def sampling() -> dict:
+    """Per buffer size and batch size: SB3's and rlstore's ms per batch, and the ratio."""
+    result = {}
+    for capacity in CAPACITIES:
+        sb3, ours = filled_buffers(capacity)
+        for batch in (256, 1024):
+            theirs, mine = timed(sb3.sample, batch), timed(ours.sample, batch)
+            result[f"{capacity}/{batch}"] = {"capacity": capacity, "batch": batch,
+                                             "sb3_ms": theirs * 1e3, "rlstore_ms": mine * 1e3,
+                                             "ratio": theirs / mine}  # fmt: skip
+            print(f"buffer {capacity:,}, batch {batch}: SB3 {theirs * 1e3:.3f} ms, rlstore "
+                  f"{mine * 1e3:.3f} ms, {theirs / mine:.1f}x", flush=True)  # fmt: skip
+        del sb3, ours
+    return result
+
+
+def filled_buffers(capacity: int) -> tuple:
+    """SB3's HerReplayBuffer and rlstore's ReplayBuffer, full of the same transitions."""
     from stable_baselines3 import HerReplayBuffer
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -87,30 +106,23 @@ def sampling() -> dict:
 
     env = fetch_env()
     vec = DummyVecEnv([fetch_env])
-    sb3 = HerReplayBuffer(CAPACITY, vec.observation_space, vec.action_space, vec, device="cpu",
+    sb3 = HerReplayBuffer(capacity, vec.observation_space, vec.action_space, vec, device="cpu",
                           n_sampled_goal=4, goal_selection_strategy="future")  # fmt: skip
     shapes = {key: space.shape for key, space in env.observation_space.spaces.items()}
     hindsight = Hindsight(env.unwrapped.compute_reward, None, 4, "future")
-    ours = ReplayBuffer(CAPACITY, 1, shapes, dict.fromkeys(shapes, np.float32),
+    ours = ReplayBuffer(capacity, 1, shapes, dict.fromkeys(shapes, np.float32),
                         action_shape=(4,), action_dtype=np.float32, seed=0,
                         hindsight=hindsight)  # fmt: skip
     one = lambda x: np.asarray(x)[None]  # noqa: E731 (a batch of one env)
     transitions = stream(np.random.default_rng(0))
-    for _ in range(CAPACITY):
+    for _ in range(capacity):
         obs, action, reward, next_obs, done = next(transitions)
         obs1 = {k: one(v) for k, v in obs.items()}
         next1 = {k: one(v) for k, v in next_obs.items()}
         sb3.add(obs1, next1, one(action), one(reward), one(done),
                 [{"TimeLimit.truncated": done}])  # fmt: skip
         ours.add(obs1, one(action), one(reward), next1, one(False), one(done))
-    result = {}
-    for batch in (256, 1024):
-        theirs, mine = timed(sb3.sample, batch), timed(ours.sample, batch)
-        result[str(batch)] = {"sb3_ms": theirs * 1e3, "rlstore_ms": mine * 1e3,
-                              "ratio": theirs / mine}  # fmt: skip
-        print(f"batch {batch}: SB3 {theirs * 1e3:.3f} ms, rlstore {mine * 1e3:.3f} ms, "
-              f"{theirs / mine:.1f}x", flush=True)  # fmt: skip
-    return result
+    return sb3, ours
 
 
 def sb3_run(steps: int, seed: int) -> None:
@@ -193,14 +205,14 @@ def markdown(results: dict) -> str:
              f"On {results['machine']}, at commit {results['commit']}.", ""]  # fmt: skip
     if "sampling" in results:
         lines += ["## Sampling a batch from a full buffer", "",
-                  "`python scripts/benchmark_her.py sampling`: 100,000 FetchReach-shaped "
-                  "transitions, future goals x 4, FetchReach's compute_reward; the median "
-                  "of 5 repeats of 200 calls.", "",
-                  "| batch | SB3 HerReplayBuffer ms | rlstore ms | rlstore's speed-up |",
-                  "|---|---|---|---|"]  # fmt: skip
-        for batch, r in results["sampling"].items():
-            lines.append(f"| {int(batch):,} | {r['sb3_ms']:.3f} | {r['rlstore_ms']:.3f} | "
-                         f"{r['ratio']:.1f}x |")  # fmt: skip
+                  "`python scripts/benchmark_her.py sampling`: full buffers of FetchReach-"
+                  "shaped transitions, future goals x 4, FetchReach's compute_reward; the "
+                  "median of 5 repeats of 200 calls.", "",
+                  "| buffer | batch | SB3 HerReplayBuffer ms | rlstore ms | rlstore's speed-up |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in results["sampling"].values():
+            lines.append(f"| {r['capacity']:,} | {r['batch']:,} | {r['sb3_ms']:.3f} | "
+                         f"{r['rlstore_ms']:.3f} | {r['ratio']:.1f}x |")  # fmt: skip
         lines.append("")
     if "runs" in results:
         r = results["runs"]
