@@ -4,6 +4,7 @@
     pip install -e ".[bench,robotics]"
     python scripts/benchmark_her.py sampling           # batches of 256 and 1,024, full buffer
     python scripts/benchmark_her.py runs --steps 20000 # whole FetchReach-v4 SAC + HER runs
+    python scripts/benchmark_her.py runs --profile     # and then where the time goes
 
 sampling: both buffers hold the same 100,000 transitions, then 1,000,000 (RL Zoo's
 FetchReach buffer; SB3's sampling scans its whole episode-length array, so its cost grows
@@ -16,8 +17,8 @@ of 200 `sample` calls (tensors on the CPU on both sides).
 runs: `rlstore train sac --env FetchReach-v4 --her` and SB3's SAC with HerReplayBuffer at
 RL Zoo's FetchReach settings (gamma 0.95, lr 1e-3, batch 256, learning from step 1,000,
 64-64 networks, automatic entropy, future goals x 4), each its own process at default
-threads, one after the other (wall time from launch, imports included); then where the
-time goes, from cProfile over a run of each (env steps, storing, sampling with its
+threads, one after the other (wall time from launch, imports included); with --profile,
+then where the time goes, from cProfile over a run of each (env steps, storing, sampling with its
 relabelling, gradient steps). Writes docs/results/benchmark-her.md and .json (the part run
 replaces its own section).
 """
@@ -164,7 +165,7 @@ def profile_shares(call, groups: dict[str, tuple[str, ...]]) -> dict[str, float]
     return shares
 
 
-def runs(steps: int) -> dict:
+def runs(steps: int, profile: bool) -> dict:
     logdir = "/tmp/rlstore-benchmark-her"
     walls = {}
     for trainer in ("rlstore", "sb3"):
@@ -175,6 +176,9 @@ def runs(steps: int) -> dict:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         walls[trainer] = time.perf_counter() - start
         print(f"{trainer}: {steps:,} steps in {walls[trainer]:.1f} s", flush=True)
+    result = {"steps": steps, "wall_s": walls, "ratio": walls["sb3"] / walls["rlstore"]}
+    if not profile:
+        return result
     from rlstore.algos import sac
     from rlstore.algos.sac import SACConfig
 
@@ -196,8 +200,7 @@ def runs(steps: int) -> dict:
         "relabelling alone": ("her_replay_buffer:_get_virtual_samples",),
         "gradient steps": ("sac:train",),
     })  # fmt: skip
-    return {"steps": steps, "wall_s": walls, "ratio": walls["sb3"] / walls["rlstore"],
-            "profile_steps": short, "profile": {"rlstore": ours, "sb3": theirs}}  # fmt: skip
+    return result | {"profile_steps": short, "profile": {"rlstore": ours, "sb3": theirs}}
 
 
 def markdown(results: dict) -> str:
@@ -224,14 +227,15 @@ def markdown(results: dict) -> str:
                   f"{r['steps'] / r['wall_s']['sb3']:,.0f} |",
                   f"| rlstore sac --her | {r['wall_s']['rlstore']:.1f} | "
                   f"{r['steps'] / r['wall_s']['rlstore']:,.0f} |", "",
-                  f"rlstore / SB3 speed: {r['ratio']:.2f}x.", "",
-                  f"Where the time goes (cProfile, {r['profile_steps']:,} steps each, shares "
-                  "of the run's time; the profiler slows Python calls, so shares, not "
-                  "seconds):", "", "| part | rlstore | SB3 |", "|---|---|---|"]  # fmt: skip
-        ours, theirs = r["profile"]["rlstore"], r["profile"]["sb3"]
-        for part in ours:
-            if part != "total_s":
-                lines.append(f"| {part} | {ours[part]:.0%} | {theirs[part]:.0%} |")
+                  f"rlstore / SB3 speed: {r['ratio']:.2f}x.", ""]  # fmt: skip
+        if "profile" in r:
+            lines += [f"Where the time goes (cProfile, {r['profile_steps']:,} steps each, "
+                      "shares of the run's time; the profiler slows Python calls, so shares, "
+                      "not seconds):", "", "| part | rlstore | SB3 |", "|---|---|---|"]  # fmt: skip
+            ours, theirs = r["profile"]["rlstore"], r["profile"]["sb3"]
+            for part in ours:
+                if part != "total_s":
+                    lines.append(f"| {part} | {ours[part]:.0%} | {theirs[part]:.0%} |")
     return "\n".join(lines) + "\n"
 
 
@@ -239,13 +243,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("part", choices=["sampling", "runs", "sb3-run"])
     parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--profile", action="store_true", help="runs: then cProfile each")
     args = parser.parse_args()
     if args.part == "sb3-run":
         sb3_run(args.steps, 1)
         return
     results = json.loads(OUT.with_suffix(".json").read_text()) if OUT.with_suffix(
         ".json").exists() else {}  # fmt: skip
-    results[args.part] = sampling() if args.part == "sampling" else runs(args.steps)
+    results[args.part] = sampling() if args.part == "sampling" else runs(args.steps, args.profile)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT).stdout.strip()  # fmt: skip
     results["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
