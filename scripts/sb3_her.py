@@ -4,6 +4,7 @@ her`'s td3-her row, side by side with it (issue 59).
     pip install -e ".[bench,robotics]"
     python scripts/sb3_her.py [RESULTS_JSON]   # 3 seeds; writes docs/results/sb3-her.*
     python scripts/sb3_her.py --table [RESULTS_JSON]  # the table again, SB3's runs as saved
+    python scripts/sb3_her.py --seeds 2 3 [RESULTS_JSON]  # these seeds, added to the saved
 
 RESULTS_JSON: the suite's results.json (default benchmarks/her/results.json); its td3-her
 row goes beside SB3's in the table. Settings, rlstore's TD3 defaults (CleanRL's) and the
@@ -16,8 +17,8 @@ rate (info["success"] at the last step) of 50 deterministic episodes of the fina
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -65,13 +66,19 @@ def evaluate(model) -> tuple[float, float]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    table_only = "--table" in args
-    args = [a for a in args if a != "--table"]
-    suite_results = Path(args[0] if args else "benchmarks/her/results.json")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("results_json", nargs="?", default="benchmarks/her/results.json")
+    parser.add_argument("--table", action="store_true", help="no runs: the saved ones")
+    parser.add_argument("--seeds", type=int, nargs="+", help="these seeds, added to the saved")
+    args = parser.parse_args()
+    suite_results = Path(args.results_json)
     out = ROOT / "docs" / "results" / "sb3-her"
-    runs = json.loads(out.with_suffix(".json").read_text())["sb3"]["runs"] if table_only else []
-    for seed in () if table_only else SEEDS:
+    saved = out.with_suffix(".json")
+    seeds = () if args.table else tuple(args.seeds or SEEDS)
+    keep = args.table or args.seeds  # the saved runs stay, but for the seeds rerun
+    runs = json.loads(saved.read_text())["sb3"]["runs"] if keep and saved.exists() else []
+    runs = [r for r in runs if r["seed"] not in seeds]
+    for seed in seeds:
         start = time.perf_counter()
         model = train(seed)
         seconds = time.perf_counter() - start
@@ -79,6 +86,7 @@ def main() -> None:
         runs.append({"seed": seed, "success_rate": success, "mean_return": mean_return,
                      "wall_seconds": seconds})  # fmt: skip
         print(runs[-1], flush=True)
+    runs.sort(key=lambda r: r["seed"])
     rates = [r["success_rate"] for r in runs]
     sb3 = {"env": ENV, "steps": STEPS, "runs": runs, "mean": float(np.mean(rates)),
            "std": float(np.std(rates))}  # fmt: skip
@@ -87,12 +95,13 @@ def main() -> None:
         rows = json.loads(suite_results.read_text())["rows"]
         ours = next((r for r in rows if r["name"] == "td3-her"), None)
     out.with_suffix(".json").write_text(json.dumps({"sb3": sb3, "rlstore": ours}, indent=1) + "\n")
+    seeds_run = ", ".join(str(r["seed"]) for r in runs)
     lines = [f"# TD3 + HER on {ENV}: SB3 beside rlstore (scripts/sb3_her.py)", "",
              f"`python scripts/sb3_her.py {suite_results}`: {STEPS:,} steps, seeds "
-             f"{', '.join(map(str, SEEDS))}, the success rate of {EPISODES} deterministic "
-             "episodes of the final policy each; the same settings as `rlstore benchmark "
-             "her`'s td3-her row (listed in the script's docstring). Wall time per run, "
-             "default threads, on the machine as it was (what else ran: below).", "",
+             f"{seeds_run}, the success rate of {EPISODES} deterministic episodes of the "
+             "final policy each; the same settings as `rlstore benchmark her`'s td3-her row "
+             "(listed in the script's docstring). Wall time per run, default threads, on "
+             "the machine as it was (what else ran: below).", "",
              "| trainer | success rates | mean +- std | wall s/run |",
              "|---|---|---|---|"]  # fmt: skip
     wall = np.mean([r["wall_seconds"] for r in runs])
