@@ -4,7 +4,7 @@ her`'s td3-her row, side by side with it (issue 59).
     pip install -e ".[bench,robotics]"
     python scripts/sb3_her.py [RESULTS_JSON]   # 3 seeds; writes docs/results/sb3-her.*
     python scripts/sb3_her.py --table [RESULTS_JSON]  # the table again, SB3's runs as saved
-    python scripts/sb3_her.py --seeds 2 3 [RESULTS_JSON]  # these seeds, added to the saved
+    python scripts/sb3_her.py RESULTS_JSON --seeds 2 3  # these seeds, added to the saved
 
 RESULTS_JSON: the suite's results.json (default benchmarks/her/results.json); its td3-her
 row goes beside SB3's in the table. Settings, rlstore's TD3 defaults (CleanRL's) and the
