@@ -100,8 +100,8 @@ def main() -> None:
              f"`python scripts/sb3_her.py {suite_results}`: {STEPS:,} steps, seeds "
              f"{seeds_run}, the success rate of {EPISODES} deterministic episodes of the "
              "final policy each; the same settings as `rlstore benchmark her`'s td3-her row "
-             "(listed in the script's docstring). Wall time per run, default threads, on "
-             "the machine as it was (what else ran: below).", "",
+             "(listed in the script's docstring). Wall time per run, on the machine as it "
+             "was (threads and what else ran: below).", "",
              "| trainer | success rates | mean +- std | wall s/run |",
              "|---|---|---|---|"]  # fmt: skip
     wall = np.mean([r["wall_seconds"] for r in runs])
