@@ -154,13 +154,12 @@ def profile_shares(call, groups: dict[str, tuple[str, ...]]) -> dict[str, float]
     start = time.perf_counter()
     profiler.runcall(call)
     total = time.perf_counter() - start
-    stats = pstats.Stats(profiler).stats
-    shares = {}
-    for group, names in groups.items():
-        seconds = sum(row[3] for (path, _, name), row in stats.items()
-                      if any(f"{p}:{n}" == f"{Path(path).stem}:{name}" for p, n in
-                             (entry.split(":") for entry in names)))  # fmt: skip
-        shares[group] = seconds / total
+    cumulative: dict[str, float] = {}  # "file stem:function" -> cumulative seconds
+    for (path, _, name), row in pstats.Stats(profiler).stats.items():
+        key = f"{Path(path).stem}:{name}"
+        cumulative[key] = cumulative.get(key, 0.0) + row[3]
+    shares = {group: sum(cumulative.get(name, 0.0) for name in names) / total
+              for group, names in groups.items()}  # fmt: skip
     shares["total_s"] = total
     return shares
 

@@ -101,6 +101,7 @@ def test_continuous_runs_with_her_relabel_and_resume(module, cfg, logdir, monkey
 
     def watched(buffer, batch_size, *args):
         batch = sample(buffer, batch_size, *args)
+        assert buffer.hindsight.strategy == cfg.her_strategy  # the option reached the buffer
         n = buffer.hindsight.relabelled(batch_size)
         assert n == batch_size * cfg.her_goals // (cfg.her_goals + 1)
         gap = batch.next_obs["achieved_goal"][:n] - batch.obs["desired_goal"][:n]
