@@ -101,6 +101,11 @@ class CommonConfig:
     """Channels of the 2x2 convolutions of the CNN for images under 36 pixels a side
     (MiniGrid's 7x7 views; PPO, A2C, ppo_lstm, DQN). Larger images take the Nature CNN
     (32-64-64, as published); Atari frame stacks keep their own networks."""
+    image_scale: Positive | Literal["auto"] = "auto"
+    """What uint8 image observations are divided by inside the network. auto: 255 for
+    images of 36 pixels a side or more (pixels), 1 for smaller ones, taken for grids of
+    symbols (MiniGrid's object, colour and state indices); give 255 for small pixel
+    images."""
     sticky_actions: bool = False
     """Atari only: repeat the previous action with probability 0.25 (the v5 ids' default).
     Off by default, as in the published tables rlstore compares with."""

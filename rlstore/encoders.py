@@ -6,7 +6,7 @@ float features of a fixed width, `out_dim`, on which an algorithm's torso and he
     MultiBinary                flattened, as floats            FlatEncoder
     Discrete(n)                one-hot of width n              OneHotEncoder
     MultiDiscrete(nvec)        one-hots, concatenated          OneHotEncoder
-    uint8 images (3 dims)      a CNN, scaled by 1/255 inside   ImageEncoder
+    uint8 images (3 dims)      a CNN, scaled inside            ImageEncoder
     Dict, Tuple of those       one encoder per part, their     CombinedEncoder
                                features concatenated
 
@@ -20,6 +20,7 @@ A new observation space is one encoder here, its entry in `encoder_for` and
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -32,6 +33,30 @@ from torch import nn
 # vanish in its 8x8 stride-4 convolution and take a CNN of 2x2 convolutions instead.
 NATURE_CNN_MIN_SIZE = 36
 SMALL_CNN_CHANNELS = (16, 32, 64)
+# What an image's values are divided by when a model file predates the choice (ImageOptions).
+PIXEL_SCALE = 255.0
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How uint8 images are encoded (--cnn-channels, --image-scale): `channels` of the small
+    CNN's convolutions; `scale`, what the values are divided by inside the network. "auto":
+    255 for images the Nature CNN takes (pixels), 1 for the small CNN's grids, whose values
+    are symbols (MiniGrid's object, colour and state indices, 0-10, which rl-starter-files
+    feeds unscaled: divided by 255 they are too small to learn from, MiniGrid-Unlock-v0 is
+    not learnt in 150k steps)."""
+
+    channels: tuple[int, ...] = SMALL_CNN_CHANNELS
+    scale: float | str = "auto"
+
+    def scale_for(self, nature: bool) -> float:
+        """The scale of an image that takes the Nature CNN (`nature`) or the small one."""
+        if self.scale == "auto":
+            return PIXEL_SCALE if nature else 1.0
+        return float(self.scale)
+
+
+DEFAULT_IMAGES = ImageOptions()
 
 
 class FlatEncoder(nn.Module):
@@ -106,6 +131,18 @@ def image_layout(shape: tuple[int, ...]) -> str:
     return "channels_first" if shape[0] < shape[-1] else "channels_last"
 
 
+def channels_height_width(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(C, H, W) of a 3-d image shape in either layout."""
+    if image_layout(shape) == "channels_last":
+        return shape[2], shape[0], shape[1]
+    return shape[0], shape[1], shape[2]
+
+
+def takes_nature_cnn(shape: tuple[int, ...]) -> bool:
+    """Whether an image of this shape takes the Nature CNN (else the small one)."""
+    return min(channels_height_width(shape)[1:]) >= NATURE_CNN_MIN_SIZE
+
+
 def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
     """Orthogonal weights with gain `std` and a constant bias (the PPO implementation detail)."""
     nn.init.orthogonal_(layer.weight, std)
@@ -114,14 +151,21 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -
 
 
 class ScaleFrames(nn.Module):
-    """uint8 pixels -> float in [0, 1] (channels-last, as the convolutions), inside the
-    network."""
+    """uint8 values -> floats divided by `scale` (pixels by 255: in [0, 1]), channels-last
+    as the convolutions, inside the network."""
+
+    def __init__(self, scale: float = PIXEL_SCALE) -> None:
+        super().__init__()
+        self.scale = float(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
+        x = x.float() if self.scale == 1.0 else x.float() / self.scale
+        return x.contiguous(memory_format=torch.channels_last)
 
 
-def nature_cnn(in_channels: int, frame_shape: tuple[int, int]) -> nn.Sequential:
+def nature_cnn(
+    in_channels: int, frame_shape: tuple[int, int], scale: float = PIXEL_SCALE
+) -> nn.Sequential:
     """The Nature DQN trunk (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1, 512 linear,
     ReLU, orthogonal init with gain sqrt(2) as in the PPO reference. Takes uint8 frame stacks
     and scales them to [0, 1] itself, so they stay uint8 in storage and on the way here."""
@@ -136,15 +180,20 @@ def nature_cnn(in_channels: int, frame_shape: tuple[int, int]) -> nn.Sequential:
     # Channels-last convolutions: forward and backward of a 256-frame-stack minibatch take
     # about 1.5x less time on a CPU (oneDNN), and cuDNN prefers the layout too.
     convs = convs.to(memory_format=torch.channels_last)
-    return nn.Sequential(ScaleFrames(), *convs, layer_init(nn.Linear(flat, 512)), nn.ReLU())
+    head = [layer_init(nn.Linear(flat, 512)), nn.ReLU()]
+    return nn.Sequential(ScaleFrames(scale), *convs, *head)
 
 
-def small_cnn(in_channels: int, frame_shape: tuple[int, ...],
-              channels: tuple[int, ...] = SMALL_CNN_CHANNELS) -> nn.Sequential:  # fmt: skip
+def small_cnn(
+    in_channels: int,
+    frame_shape: tuple[int, ...],
+    channels: tuple[int, ...] = SMALL_CNN_CHANNELS,
+    scale: float = 1.0,
+) -> nn.Sequential:
     """2x2 convolutions, stride 1, ReLU after each, then flattened: for grids such as
     MiniGrid's 7x7 views (the CNN of its reference PPO, rl-starter-files, without the max
     pooling, which a 7x7 grid cannot spare)."""
-    layers: list[nn.Module] = [ScaleFrames()]
+    layers: list[nn.Module] = [ScaleFrames(scale)]
     for width in channels:
         layers += [layer_init(nn.Conv2d(in_channels, width, 2)), nn.ReLU()]
         in_channels = width
@@ -154,21 +203,21 @@ def small_cnn(in_channels: int, frame_shape: tuple[int, ...],
 
 class ImageEncoder(nn.Module):
     """uint8 images with three dimensions, channels first or last: the Nature CNN from 36
-    pixels a side up, the small CNN below that; scaled inside (uint8 all the way to
-    here)."""
+    pixels a side up, the small CNN below that; scaled inside (uint8 all the way to here)
+    as `options` say."""
 
-    def __init__(
-        self, shape: tuple[int, ...], channels: tuple[int, ...] = SMALL_CNN_CHANNELS
-    ) -> None:
+    def __init__(self, shape: tuple[int, ...], options: ImageOptions = DEFAULT_IMAGES) -> None:
         super().__init__()
         self.channels_last = image_layout(shape) == "channels_last"
-        c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        c, h, w = channels_height_width(shape)
         if min(h, w) < 2:
             raise ValueError(f"an image of {shape} is too small for a CNN")
-        if min(h, w) >= NATURE_CNN_MIN_SIZE:
-            self.cnn = nature_cnn(c, (h, w))
-        else:  # (`channels`: the small CNN's, --cnn-channels)
-            self.cnn = small_cnn(c, (h, w), tuple(channels))
+        nature = takes_nature_cnn(shape)
+        self.scale = options.scale_for(nature)
+        if nature:
+            self.cnn = nature_cnn(c, (h, w), self.scale)
+        else:
+            self.cnn = small_cnn(c, (h, w), tuple(options.channels), self.scale)
         with torch.no_grad():
             self.out_dim = int(self.cnn(torch.zeros(1, c, h, w, dtype=torch.uint8)).shape[1])
 
@@ -229,17 +278,17 @@ def stored_shape(space: gym.Space) -> Any:
 
 
 def describe_space(
-    space: gym.Space, name: str = "", cnn_channels: tuple[int, ...] | None = None
+    space: gym.Space, name: str = "", images: ImageOptions = DEFAULT_IMAGES
 ) -> dict[str, Any]:
     """A JSON-able description of an observation space, which model.pt keeps and
     `encoder_from_description` reads. `name`: where the space sits in a Dict or Tuple
-    (for the message of a part rlstore cannot encode); `cnn_channels`: the small CNN's
-    channels for images below the Nature CNN's size (None: SMALL_CNN_CHANNELS)."""
+    (for the message of a part rlstore cannot encode); `images`: how images are encoded."""
     if isinstance(space, spaces.Dict):
-        return {"type": "dict", "parts": {k: describe_space(part, f"{name}[{k!r}]", cnn_channels)
-                                          for k, part in space.spaces.items()}}  # fmt: skip
+        parts = {k: describe_space(part, f"{name}[{k!r}]", images)
+                 for k, part in space.spaces.items()}  # fmt: skip
+        return {"type": "dict", "parts": parts}
     if isinstance(space, spaces.Tuple):
-        parts = [describe_space(part, f"{name}[{i}]", cnn_channels)
+        parts = [describe_space(part, f"{name}[{i}]", images)
                  for i, part in enumerate(space)]  # fmt: skip
         return {"type": "tuple", "parts": parts}
     if isinstance(space, spaces.Discrete):
@@ -250,11 +299,11 @@ def describe_space(
     if isinstance(space, spaces.MultiBinary):
         return {"type": "multi_binary", "shape": list(space.shape)}
     if isinstance(space, spaces.Box):
-        kind = "image" if is_image(space) else "box"
-        described = {"type": kind, "shape": list(space.shape), "dtype": str(space.dtype)}
-        if kind == "image" and cnn_channels is not None:
-            described["channels"] = list(cnn_channels)
-        return described
+        if not is_image(space):
+            return {"type": "box", "shape": list(space.shape), "dtype": str(space.dtype)}
+        scale = images.scale_for(takes_nature_cnn(tuple(space.shape)))
+        return {"type": "image", "shape": list(space.shape), "dtype": str(space.dtype),
+                "channels": list(images.channels), "scale": scale}  # fmt: skip
     where = f"the observation's part {name}" if name else "the observation space"
     raise UnsupportedSpace(
         f"{where} is {space} ({type(space).__name__}), which rlstore cannot encode", name
@@ -290,19 +339,20 @@ def encoder_from_description(description: dict[str, Any]) -> nn.Module:
         return OneHotEncoder((description["n"],), (description["start"],))
     if kind == "multi_discrete":
         return OneHotEncoder(tuple(np.ravel(description["nvec"])), description["start"])
-    if kind == "image":
-        channels = description.get("channels", SMALL_CNN_CHANNELS)
-        return ImageEncoder(tuple(description["shape"]), tuple(channels))
+    if kind == "image":  # (model files older than "channels" and "scale": the defaults then)
+        channels = tuple(description.get("channels", SMALL_CNN_CHANNELS))
+        options = ImageOptions(channels, description.get("scale", PIXEL_SCALE))
+        return ImageEncoder(tuple(description["shape"]), options)
     if kind in ("box", "multi_binary"):
         return FlatEncoder(tuple(description["shape"]))
     raise ValueError(f"unknown observation description {description}")
 
 
-def encoder_for(space: gym.Space, cnn_channels: tuple[int, ...] | None = None) -> nn.Module:
+def encoder_for(space: gym.Space, images: ImageOptions = DEFAULT_IMAGES) -> nn.Module:
     """The encoder of an observation space (UnsupportedSpace when there is none);
-    `cnn_channels` as describe_space takes them. The encoder keeps its `description`,
-    which policy specs save."""
-    description = describe_space(space, cnn_channels=cnn_channels)
+    `images` as describe_space takes them. The encoder keeps its `description`, which
+    policy specs save."""
+    description = describe_space(space, images=images)
     encoder = encoder_from_description(description)
     encoder.description = description
     return encoder

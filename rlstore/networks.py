@@ -21,7 +21,9 @@ from torch import nn
 
 from rlstore.action_heads import head_for, head_from_spec, inverse_cdf, masked_logits, masked_q
 from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
+    DEFAULT_IMAGES,
     FlatEncoder,
+    ImageOptions,
     describe_space,
     description_of_spec,
     encoder_for,
@@ -403,7 +405,7 @@ class CnnRecurrentActorCritic(RecurrentActorCriticBase):
 
 def recurrent_actor_critic_for(
     obs_space, action_space, lstm_hidden: int, hidden: tuple[int, ...] = (64, 64),
-    cnn_channels: tuple[int, ...] | None = None,
+    images: ImageOptions = DEFAULT_IMAGES,
 ) -> nn.Module:  # fmt: skip
     """A recurrent actor-critic shaped for a single env's spaces (gymnasium spaces):
     CnnRecurrentActorCritic for frame stacks, else RecurrentActorCritic on the observation
@@ -417,12 +419,12 @@ def recurrent_actor_critic_for(
     continuous, head = isinstance(action_space, spaces.Box), head_for(action_space)
     action_dim = 0 if head else action_space.shape[0] if continuous else int(action_space.n)
     return RecurrentActorCritic(0, action_dim, continuous, lstm_hidden, hidden,
-                                encoder_for(obs_space, cnn_channels), head)  # fmt: skip
+                                encoder_for(obs_space, images), head)  # fmt: skip
 
 
 def actor_critic_for(obs_space, action_space, fast: bool = True,
                      hidden: tuple[int, ...] = (64, 64),
-                     cnn_channels: tuple[int, ...] | None = None) -> nn.Module:  # fmt: skip
+                     images: ImageOptions = DEFAULT_IMAGES) -> nn.Module:  # fmt: skip
     """An ActorCritic (CnnActorCritic for frame stacks) shaped for a single env's
     observation and action spaces: the observation space's encoder, then the MLPs."""
     from gymnasium import spaces
@@ -439,7 +441,7 @@ def actor_critic_for(obs_space, action_space, fast: bool = True,
             "or MultiBinary"
         )
     action_dim = 0 if head else action_space.shape[0] if continuous else int(action_space.n)
-    encoder = encoder_for(obs_space, cnn_channels)
+    encoder = encoder_for(obs_space, images)
     return ActorCritic(0, action_dim, continuous, hidden, fast, encoder, head)
 
 

@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from rlstore.encoders import (
+    SMALL_CNN_CHANNELS,
     CombinedEncoder,
     FlatEncoder,
     ImageEncoder,
+    ImageOptions,
     UnsupportedSpace,
     describe_space,
     described_shape,
@@ -107,8 +109,9 @@ def test_vectors_and_binary_are_flattened_floats(space):
 @pytest.mark.parametrize("shape", [(7, 7, 3), (64, 64, 3), (3, 7, 7), (3, 48, 40)])
 def test_images_take_the_cnn_for_their_size_in_either_layout(shape):
     """Channels last is channels first transposed: the same CNN (same parameters) gives the
-    same features; the small CNN below 36 pixels a side, the Nature CNN from there; pixels
-    scaled by 1/255 inside (uint8 all the way in)."""
+    same features; the small CNN below 36 pixels a side, the Nature CNN from there; inside
+    (uint8 all the way in), the Nature CNN's pixels are divided by 255, the small CNN's
+    grids of symbols not, unless an image scale is given."""
     first = shape if image_layout(shape) == "channels_first" else (shape[2], *shape[:2])
     last = (*first[1:], first[0])
     torch.manual_seed(0)
@@ -121,11 +124,32 @@ def test_images_take_the_cnn_for_their_size_in_either_layout(shape):
     assert out.shape == (5, enc_first.out_dim)
     convs = [m for m in enc_first.cnn if isinstance(m, nn.Conv2d)]
     assert convs[0].kernel_size == ((8, 8) if min(first[1:]) >= 36 else (2, 2))
-    # the scaling: the first convolution sees pixels / 255
-    with torch.no_grad():
-        expected = convs[0](images.float() / 255.0)
-        seen = enc_first.cnn[1](enc_first.cnn[0](images))
-    torch.testing.assert_close(seen, expected, rtol=1e-5, atol=1e-5)
+    # the scaling: the first convolution sees pixels / 255, or grids as they are
+    auto_scale = 255.0 if min(first[1:]) >= 36 else 1.0
+    for options, scale in ((ImageOptions(), auto_scale), (ImageOptions(scale=4.0), 4.0)):
+        torch.manual_seed(0)
+        encoder = ImageEncoder(first, options)
+        assert encoder.scale == scale == encoder_for(space_of(first), options).scale
+        convs = [m for m in encoder.cnn if isinstance(m, nn.Conv2d)]
+        with torch.no_grad():
+            expected = convs[0](images.float() / scale)
+            seen = encoder.cnn[1](encoder.cnn[0](images))
+        torch.testing.assert_close(seen, expected, rtol=1e-5, atol=1e-5)
+
+
+def space_of(image_shape):
+    return spaces.Box(0, 255, image_shape, np.uint8)
+
+
+def test_model_files_from_before_the_image_scale_keep_dividing_by_255():
+    """Descriptions written before "scale" (and "channels") rebuild the encoder they
+    were trained with: the small CNN divided its grids by 255 then."""
+    old = {"type": "image", "shape": [7, 7, 3], "dtype": "uint8"}
+    encoder = encoder_from_description(old)
+    assert encoder.scale == 255.0
+    convs = [m for m in encoder.cnn if isinstance(m, nn.Conv2d)]
+    assert [c.out_channels for c in convs] == list(SMALL_CNN_CHANNELS)
+    assert describe_space(space_of((7, 7, 3)))["scale"] == 1.0
 
 
 def test_minigrid_sized_images_give_the_small_cnns_features():

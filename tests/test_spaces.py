@@ -115,9 +115,12 @@ def test_hidden_sets_the_widths_of_the_saved_policy(algo, tmp_path):
 def test_dict_and_tuple_observations_are_learnt_from_every_part(tmp_path):
     """DictTarget pays 1 a step for naming (image channel + offset) % 3, which needs both
     parts (a policy that sees one part scores at most 1/2); TupleCount likewise needs the
-    Discrete and the MultiBinary part (at most 1/2 from one); 5 steps an episode."""
+    Discrete and the MultiBinary part (at most 1/2 from one); 5 steps an episode.
+    DictTarget's 6x6 image is of pixels (0 or 255), which --image-scale 255 says (the small
+    CNN takes small images for grids of symbols, unscaled, by default)."""
     for algo, env_id in (("ppo", "DictTarget-v0"), ("dqn", "TupleCount-v0")):
         more = dict(learning_starts=500, exploration_fraction=0.3) if algo == "dqn" else {}
+        more |= {"image_scale": 255.0} if env_id == "DictTarget-v0" else {}
         result = rlstore.train(algo, env=f"space_envs:{env_id}", total_timesteps=10_000,
                                learning_rate=3e-3,
                                logdir=str(tmp_path), progress=False, **more)  # fmt: skip

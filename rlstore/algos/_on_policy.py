@@ -8,6 +8,7 @@ import torch
 from gymnasium import spaces
 
 from rlstore.algos import Algorithm
+from rlstore.algos._shared import image_options
 from rlstore.config import OnPolicyConfig
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
@@ -49,7 +50,7 @@ def build_actor_critic(
     envs = make_training_envs(cfg, algorithm)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = actor_critic_for(obs_space, action_space, cfg.use_fast_paths, cfg.hidden,
-                             cfg.cnn_channels).to(device)  # fmt: skip
+                             image_options(cfg)).to(device)  # fmt: skip
     if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():
         print(
             f"rlstore: {cfg.env_id} has unbounded actions ({action_space}): where a bound is "

@@ -1,5 +1,5 @@
 """What several algorithms' loops share: schedules, target updates, the optimizer's
-parameters, and the replay buffer's memory check."""
+parameters, the image options, and the replay buffer's memory check."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from torch import nn
 
 from rlstore.config import CommonConfig, NonNegativeInt
 from rlstore.custom_envs import EnvMaker, parse_env_kwargs
+from rlstore.encoders import ImageOptions
 from rlstore.envs import check_env_id, time_limit
 from rlstore.goals import hindsight_for
 from rlstore.run import check_memory
@@ -43,6 +44,11 @@ def make_hindsight(cfg: ReplayConfig) -> Hindsight | None:
     make = EnvMaker(check_env_id(cfg.env_id).id, parse_env_kwargs(cfg.env_kwargs), cfg.wrapper,
                     cfg.drop_obs_keys, **time_limit(cfg.max_episode_steps))  # fmt: skip
     return hindsight_for(make(), cfg.env_id, cfg.her_goals, cfg.her_strategy)
+
+
+def image_options(cfg: CommonConfig) -> ImageOptions:
+    """How the run's image observations are encoded (--cnn-channels, --image-scale)."""
+    return ImageOptions(tuple(cfg.cnn_channels), cfg.image_scale)
 
 
 def linear_schedule(start: float, end: float, duration: int, t: int) -> float:

@@ -28,6 +28,7 @@ from rlstore.algos._shared import (
     ReplayConfig,
     check_replay_fits,
     crossings,
+    image_options,
     linear_schedule,
     make_hindsight,
     optimizer_params,
@@ -266,7 +267,7 @@ def train(
         q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
         greedy_actions = q_network.greedy_action
     else:
-        encoder = encoder_for(obs_space, cfg.cnn_channels)
+        encoder = encoder_for(obs_space, image_options(cfg))
         q_network = QNetwork(0, num_actions, cfg.q_hidden, dueling=cfg.dueling,
                              fast=cfg.use_fast_paths, encoder=encoder).to(device)  # fmt: skip
         greedy_actions = q_network.greedy_action

@@ -21,7 +21,7 @@ from torch import nn
 
 from rlstore.algos import Algorithm
 from rlstore.algos._on_policy import log_update, obs_normalizer_for
-from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.algos._shared import image_options, linear_schedule, optimizer_params
 from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
 from rlstore.config import Count
 from rlstore.encoders import stored_dtype, stored_shape
@@ -170,7 +170,7 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size,
-                                       cfg.hidden, cfg.cnn_channels).to(device)  # fmt: skip
+                                       cfg.hidden, image_options(cfg)).to(device)  # fmt: skip
     obs_norm = obs_normalizer_for(cfg, obs_space)
     masks = masks_of(envs)
     reward_scale = (
