@@ -149,8 +149,10 @@ class Policy:
         action = action.cpu().numpy()
         if getattr(self.network, "head", None) is not None:  # MultiDiscrete, MultiBinary
             action = self.network.head.env_action(action)
-        if self.info.get("continuous"):
-            action = np.clip(action, self.info["action_low"], self.info["action_high"])
+        if self.info.get("continuous"):  # in the action space's dtype (float32 mostly)
+            dtype = np.dtype(self.info.get("action_dtype", "float32"))
+            low, high = (np.asarray(self.info[k], dtype) for k in ("action_low", "action_high"))
+            action = np.clip(action.astype(dtype, copy=False), low, high)
         return action[0] if single else action
 
     def _mask(self, action_mask: np.ndarray, single: bool) -> torch.Tensor:

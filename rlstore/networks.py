@@ -616,7 +616,8 @@ def policy_spec(network: nn.Module, obs_space, action_space,
         spec["action_masks"] = action_masks
     if spec.get("continuous"):
         spec |= {"action_low": action_space.low.tolist(),
-                 "action_high": action_space.high.tolist()}  # fmt: skip
+                 "action_high": action_space.high.tolist(),
+                 "action_dtype": str(action_space.dtype)}  # fmt: skip
     return spec
 
 

@@ -159,6 +159,18 @@ def test_recurrent_storage_bad_use_is_refused_and_state_round_trips():
     with pytest.raises(ValueError, match="recurrent_state has shape"):
         storage.insert(**step, recurrent_state=np.zeros((N, S + 1), np.float32))
     assert storage.step == 0  # nothing written
+    # a good state beside a bad input is not written either (docs/reference/storage.md:
+    # every input is checked before anything is written), nor a good mask
+    masked = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,),
+                            action_mask_shape=(3,))  # fmt: skip
+    masked.reset(np.zeros((N, 2), np.float32), action_mask=np.ones((N, 3), bool))
+    before = {k: v.clone() for k, v in masked.state_dict().items() if torch.is_tensor(v)}
+    for bad in ({"action": np.zeros(N + 1, np.int64)}, {"next_obs": np.zeros((N, 3))}):
+        with pytest.raises(ValueError, match="has shape"):
+            masked.insert(**(step | bad), recurrent_state=np.ones((N, S), np.float32),
+                          action_mask=np.zeros((N, 3), bool) | [True, False, False])  # fmt: skip
+    after = masked.state_dict()
+    assert masked.step == 0 and all(torch.equal(after[k], v) for k, v in before.items())
     with pytest.raises(ValueError, match="recurrent_state must be given"):
         RolloutStorage(T, N, obs_shape=(2,)).insert(**step, recurrent_state=np.zeros((N, S)))
     with pytest.raises(RuntimeError, match="recurrent_state_shape"):

@@ -1,6 +1,7 @@
 """ReplayBuffer: ring, episode boundaries, n-step against a naive reference, prioritized
 replay and its sum tree, persistence."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -105,6 +106,80 @@ def test_truncated_transition_has_true_final_observation(vectorization):
     assert sampled == reference  # every pair exact, no pseudo-step, nothing missing
     assert truncated_pairs and truncated_pairs <= sampled
     assert not batch.terminated.any()
+
+
+class Episodes(gym.Env):
+    """obs (env number, episode number, step in the episode); terminates after `length`
+    steps when `terminate`, else runs until its time limit."""
+
+    observation_space = gym.spaces.Box(0, 1000, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, number: int, length: int = 10, terminate: bool = True) -> None:
+        self.number, self.length, self.terminate, self.episode = number, length, terminate, -1
+
+    def _obs(self):
+        return np.array([self.number, self.episode, self.count], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.count = self.episode + 1, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.count += 1
+        return self._obs(), 1.0, self.terminate and self.count == self.length, False, {}
+
+
+def cleanrl_client(buffer: ReplayBuffer, mode: gym.vector.AutoresetMode, steps: int) -> set:
+    """A client as CleanRL's scripts are: env 0 terminates every 10 steps, env 1 is
+    truncated every 7; under SAME_STEP autoreset, next_obs is the final observation at a
+    truncation only (the reset one at a termination). The real transitions' pairs."""
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: Episodes(0), lambda: gym.wrappers.TimeLimit(Episodes(1, terminate=False), 7)],
+        autoreset_mode=mode,
+    )
+    obs, _ = envs.reset(seed=0)
+    real, prev_done = set(), np.zeros(2, bool)
+    same_step = mode == gym.vector.AutoresetMode.SAME_STEP
+    for _ in range(steps):
+        next_obs, reward, term, trunc, info = envs.step(np.zeros(2, np.int64))
+        stored_next = next_obs.copy()
+        for e in np.flatnonzero(trunc if same_step else []):
+            stored_next[e] = info["final_obs"][e]
+        buffer.add(obs, np.zeros(2, np.int64), reward, stored_next, term, trunc)
+        real |= {(tuple(obs[e]), tuple(stored_next[e]), bool(term[e])) for e in range(2)
+                 if same_step or not prev_done[e]}  # fmt: skip
+        obs, prev_done = next_obs, term | trunc
+    return real
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_the_buffer_takes_either_autoreset_mode_when_told(mode):
+    """SAME_STEP: every step is a transition, also the first of an episode after a
+    termination, whose obs equals the next_obs passed (the reset observation); NEXT_STEP:
+    the pseudo-steps are skipped. Told the mode, the buffer keeps every real transition and
+    nothing else; a SAME_STEP stream taken for NEXT_STEP loses those first transitions (the
+    data alone cannot tell them from pseudo-steps)."""
+    gym_mode = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
+                "same_step": gym.vector.AutoresetMode.SAME_STEP}[mode]  # fmt: skip
+    for told in (mode, gym_mode):
+        buffer = ReplayBuffer(capacity=500, num_envs=2, obs_shape=(3,), seed=0,
+                              autoreset_mode=told)  # fmt: skip
+        real = cleanrl_client(buffer, gym_mode, 100)
+        assert len(buffer) == len(real) == (200 if mode == "same_step" else 200 - 9 - 12)
+        batch = buffer.sample_host(5000)
+        sampled = {(tuple(o), tuple(n), bool(t))
+                   for o, n, t in zip(batch.obs, batch.next_obs, batch.terminated)}  # fmt: skip
+        assert sampled == real
+    if mode == "same_step":
+        untold = ReplayBuffer(capacity=500, num_envs=2, obs_shape=(3,), seed=0)
+        cleanrl_client(untold, gym_mode, 100)
+        assert len(untold) == 200 - 9  # env 0's first transition after each termination
+        with pytest.raises(ValueError, match="autoreset_mode"):
+            untold.load_state_dict(buffer.state_dict())
+    with pytest.raises(ValueError, match="autoreset_mode must be"):
+        ReplayBuffer(capacity=10, num_envs=1, obs_shape=(1,), autoreset_mode="same-step")
 
 
 def test_stream_breaks_keep_the_previous_next_obs():

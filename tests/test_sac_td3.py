@@ -380,6 +380,7 @@ def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
     obs = np.zeros((4, 3), dtype=np.float32)
     action = policy(obs)
     assert action.shape == (4, 1) and (np.abs(action) <= 2.0).all()
+    assert action.dtype == policy(obs[0]).dtype == np.float32  # Pendulum's action dtype
     q = policy.q_values(obs, action)
     assert q.shape == (4, critics)
     np.testing.assert_allclose(policy.q_values(obs), q, rtol=1e-6)  # the policy's own action
@@ -679,3 +680,58 @@ def test_sac_gradient_steps_equal_a_naive_transcription_of_cleanrls():
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     assert entropy.log_alpha.item() == pytest.approx(ref_log_alpha.item(), rel=1e-5)
     assert entropy.log_alpha.item() != 0.0
+
+
+class Counter(gym.Env):
+    """obs (env number, steps so far); terminates when the count reaches `terminate_at`."""
+
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    observation_space = gym.spaces.Box(0, 100, (2,), np.float32)
+
+    def __init__(self, number: int, terminate_at: int | None = None) -> None:
+        self.number, self.terminate_at = number, terminate_at
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.number, self.count], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.count += 1
+        return self._obs(), 1.0, self.count == self.terminate_at, False, {}
+
+
+def test_the_off_policy_store_step_keeps_time_limits_apart_from_terminations():
+    """step_and_store (SAC, TD3, DDPG) on two envs with a time limit of 4: env 0 terminates
+    at its third step, env 1 is truncated at its fourth. The truncated transition is stored
+    as not terminated with the true final observation (so its target bootstraps, discount
+    gamma), the terminated one as terminated, and no pseudo-step (final -> reset obs)."""
+    from rlstore.algos._off_policy import step_and_store
+
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.wrappers.TimeLimit(Counter(0, terminate_at=3), 4),
+         lambda: gym.wrappers.TimeLimit(Counter(1), 4)]
+    )  # fmt: skip
+    buffer = ReplayBuffer(100, 2, (2,), torch.float32, action_shape=(1,),
+                          action_dtype=torch.float32, gamma=0.9, seed=0)  # fmt: skip
+    run = SimpleNamespace(record_step=lambda *args: None)
+    obs, _ = envs.reset(seed=0)
+    for _ in range(14):
+        obs = step_and_store(envs, buffer, run, obs, np.zeros((2, 1), np.float32))
+    batch = buffer.sample_host(400)
+    env, t, next_t = batch.obs[:, 0], batch.obs[:, 1], batch.next_obs[:, 1]
+    np.testing.assert_array_equal(next_t, t + 1)  # no pseudo-step stored
+    assert set(zip(env.tolist(), t.tolist(), strict=True)) == {
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (1, 3),
+    }
+    np.testing.assert_array_equal(batch.terminated, (env == 0) & (next_t == 3))
+    np.testing.assert_allclose(batch.discounts, 0.9)

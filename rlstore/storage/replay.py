@@ -11,6 +11,11 @@ gets a row, marked invalid and never sampled, whose observation slot holds o_fin
 true final observation that a truncated transition bootstraps from. `add` checks, env by
 env, that each call continues the stream (its obs is the previous call's next_obs).
 
+A client whose envs autoreset in SAME_STEP mode (or not at all) makes no pseudo-steps and
+says so (`autoreset_mode="same_step"`): every add is then a transition, also one whose obs
+equals the previous next_obs after a done (SAME_STEP clients pass the reset observation as
+next_obs at a termination, where it is never bootstrapped from).
+
 When some env's stream breaks (a manual or partial reset, or SAME_STEP autoreset), a break
 row keeps every env's previous next_obs and holds no transition. For the envs whose stream
 goes on through it, the break row is a bridge: it repeats their observation, and n-step
@@ -55,6 +60,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -125,6 +131,16 @@ def _gather(array: np.ndarray, flat: np.ndarray) -> np.ndarray:
     return np.take(_slots(array), flat, axis=0)
 
 
+def autoreset_mode_name(mode: str | gym.vector.AutoresetMode) -> str:
+    """ "next_step" or "same_step" for a mode given by name or as Gymnasium's AutoresetMode
+    (DISABLED, where the client resets envs itself, stores like SAME_STEP: no pseudo-steps)."""
+    if isinstance(mode, gym.vector.AutoresetMode):
+        return "next_step" if mode == gym.vector.AutoresetMode.NEXT_STEP else "same_step"
+    if mode not in ("next_step", "same_step"):
+        raise ValueError(f"autoreset_mode must be 'next_step' or 'same_step', got {mode!r}")
+    return mode
+
+
 class ReplayBuffer:
     """Circular replay storage for `num_envs` envs, one `add` per vector step.
 
@@ -142,6 +158,11 @@ class ReplayBuffer:
             obs = next_obs
             if buffer.ready(128):
                 batch = buffer.sample(128)
+
+    `autoreset_mode`: how the client's envs autoreset, "next_step" (Gymnasium's default;
+    the step after a done is a pseudo-step and is skipped) or "same_step" (every add is a
+    transition: at a truncation pass the true final observation as next_obs, at a
+    termination either it or the reset observation). Gymnasium's AutoresetMode is taken too.
     """
 
     @staticmethod
@@ -199,6 +220,7 @@ class ReplayBuffer:
         start_capacity: int | None = None,
         action_mask_shape: tuple[int, ...] | None = None,
         hindsight: Hindsight | None = None,
+        autoreset_mode: str | gym.vector.AutoresetMode = "next_step",
     ) -> None:
         if num_envs < 1 or capacity < 1:
             raise ValueError(f"capacity ({capacity}) and num_envs ({num_envs}) must be >= 1")
@@ -206,6 +228,7 @@ class ReplayBuffer:
             raise ValueError(f"n_step must be at least 1, got {n_step}")
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+        self.autoreset_mode = autoreset_mode_name(autoreset_mode)
         # Whole rows of num_envs transitions: a capacity that is not a multiple of num_envs
         # is rounded up, never down.
         self.rows = -(-capacity // num_envs) + 1  # + the cursor row (newest next_obs only)
@@ -314,6 +337,7 @@ class ReplayBuffer:
         next_obs and the transition goes into the row after it.
         """
         N = self.num_envs
+        no_reset = np.zeros(N, dtype=bool)
         if (action_mask is None or next_action_mask is None) != (self.action_mask_shape is None):
             raise ValueError(
                 "action_mask and next_action_mask must be given exactly when the buffer was "
@@ -335,7 +359,8 @@ class ReplayBuffer:
         reward = host_array(reward, "reward", (N,), torch.float32)
         terminated = host_array(terminated, "terminated", (N,), torch.bool)
         truncated = host_array(truncated, "truncated", (N,), torch.bool)
-        env_reset = terminated | truncated  # the next step is a pseudo-step
+        # the next step is a pseudo-step (NEXT_STEP autoreset only)
+        env_reset = (terminated | truncated) if self.autoreset_mode == "next_step" else no_reset
         if life_lost is not None:
             terminated = terminated | host_array(life_lost, "life_lost", (N,), torch.bool)
         continues = self._continues(obs)
@@ -381,11 +406,12 @@ class ReplayBuffer:
         host["valid"][following, 0] = False
         self.cursor, self.added = following, self.added + 1
         self._last_next_obs = None  # (the next add() compares with the stored row)
-        self._last_done[0] = terminated or truncated
+        self._last_done[0] = (terminated or truncated) and self.autoreset_mode == "next_step"
 
     @property
     def last_done(self) -> np.ndarray:
-        """Per env, whether the last add ended an episode (its next step is a pseudo-step)."""
+        """Per env, whether the last add ended an episode whose next step is a pseudo-step
+        (never under SAME_STEP autoreset)."""
         return self._last_done.copy()
 
     def _continues(self, obs: Tree) -> np.ndarray | None:
@@ -726,6 +752,7 @@ class ReplayBuffer:
             priorities=self.priorities.leaves() if self.priorities else None,
             rng=self.generator.bit_generator.state,
             last_done=torch.from_numpy(self._last_done.copy()),  # a life loss is no reset
+            autoreset_mode=self.autoreset_mode,
         )
         if self.episodes is not None:
             state.update(self.episodes.state_dict())
@@ -739,7 +766,8 @@ class ReplayBuffer:
             raise ValueError("buffers with and without hindsight cannot load each other's state")
         if ("frames" in state) != bool(self.frame_stack):
             raise ValueError("frame-stack and plain buffers cannot load each other's state")
-        for name in ("n_step", "gamma", "alpha"):
+        state = {"autoreset_mode": "next_step", **state}  # (saved before the mode was kept)
+        for name in ("n_step", "gamma", "alpha", "autoreset_mode"):
             if state[name] != getattr(self, name):
                 raise ValueError(
                     f"the saved buffer has {name}={state[name]}, this one {getattr(self, name)}; "

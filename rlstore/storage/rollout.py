@@ -304,19 +304,16 @@ class RolloutStorage:
                 "recurrent_state must be given exactly when the storage was made with "
                 "recurrent_state_shape"
             )
-        mask = self._checked_mask(action_mask)  # checked first: nothing written if bad
+        # Check everything before writing anything: a bad input leaves the storage as it was.
+        mask = self._checked_mask(action_mask)
+        state = None
         if recurrent_state is not None:
             state = checked(recurrent_state, "recurrent_state", self.recurrent_states.shape[1:],
                             torch.float32)  # fmt: skip
-            copy_in(self.recurrent_states[t], state)
-        if mask is not None:
-            copy_in(self.action_masks[t + 1], mask)
         if self._views is not None:
-            self._insert_on_host(
-                t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost
-            )
+            self._insert_on_host(t, next_obs, action, log_prob, value, reward, terminated,
+                                 truncated, life_lost, state, mask)  # fmt: skip
             return
-        # Check everything before writing anything: a bad input leaves the storage as it was.
         next_obs = check_parts(_checked_obs, next_obs, self.obs, "next_obs")
         fields = (
             (
@@ -330,6 +327,7 @@ class RolloutStorage:
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
         lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
+        self._write_state_and_mask(t, state, mask)
         map_parts(lambda mine, given: copy_in(mine[t + 1], given), self.obs, next_obs)
         for destination, source in fields:
             copy_in(destination, source)
@@ -346,9 +344,19 @@ class RolloutStorage:
         self.step = t + 1
         self._returns_ready = False
 
-    def _insert_on_host(
-        self, t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost
+    def _write_state_and_mask(
+        self, t: int, state: torch.Tensor | None, mask: torch.Tensor | None
     ) -> None:
+        """insert()'s recurrent state (taken at step t) and mask (of next_obs), checked."""
+        if state is not None:
+            copy_in(self.recurrent_states[t], state)
+        if mask is not None:
+            copy_in(self.action_masks[t + 1], mask)
+
+    def _insert_on_host(
+        self, t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost,
+        state, mask,
+    ) -> None:  # fmt: skip
         """insert() for storage in host memory: the same checks, then numpy writes."""
         N, views = self.num_envs, self._views
         next_obs = check_parts(_host_obs, next_obs, self.obs, "next_obs")
@@ -362,6 +370,7 @@ class RolloutStorage:
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
         lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
+        self._write_state_and_mask(t, state, mask)
         if type(next_obs) is np.ndarray:  # one part (the usual case): no tree walk
             views["obs"][t + 1] = next_obs
         else:
