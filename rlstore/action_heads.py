@@ -53,8 +53,9 @@ class MultiCategoricalHead:
 
     kind = "multi_discrete"
 
-    def __init__(self, nvec: list[int], start: list[int] | None = None,
-                 shape: list[int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, nvec: list[int], start: list[int] | None = None, shape: list[int] | None = None
+    ) -> None:
         self.nvec = [int(n) for n in nvec]
         self.start = [0] * len(self.nvec) if start is None else [int(s) for s in start]
         self.shape = [len(self.nvec)] if shape is None else [int(n) for n in shape]
@@ -71,8 +72,9 @@ class MultiCategoricalHead:
         (B, sum(nvec)): the allowed values of each entry in turn."""
         actions, log_prob = [], torch.zeros(logits.shape[0], device=logits.device)
         masks = [None] * len(self.nvec) if mask is None else mask.split(self.nvec, -1)
-        for log_probs, part_mask in zip(self._log_probs(masked_logits(logits, mask)), masks,
-                                        strict=True):  # fmt: skip
+        for log_probs, part_mask in zip(
+            self._log_probs(masked_logits(logits, mask)), masks, strict=True
+        ):
             action = inverse_cdf(log_probs, part_mask)
             actions.append(action.squeeze(-1))
             log_prob = log_prob + log_probs.gather(-1, action).squeeze(-1)
@@ -140,9 +142,11 @@ def head_for(action_space: spaces.Space) -> MultiCategoricalHead | BernoulliHead
     """The head of a MultiDiscrete or MultiBinary action space (None: another space)."""
     if isinstance(action_space, spaces.MultiDiscrete):
         start = np.broadcast_to(action_space.start, action_space.nvec.shape)
-        return MultiCategoricalHead(action_space.nvec.reshape(-1).tolist(),
-                                    start.reshape(-1).tolist(),
-                                    list(action_space.shape))  # fmt: skip
+        return MultiCategoricalHead(
+            action_space.nvec.reshape(-1).tolist(),
+            start.reshape(-1).tolist(),
+            list(action_space.shape),
+        )
     if isinstance(action_space, spaces.MultiBinary):
         return BernoulliHead(list(action_space.shape))
     return None

@@ -73,12 +73,14 @@ def aggregate(rows: list[dict], reps: int = BOOTSTRAP_REPS) -> dict[str, Any]:
         raise UsageError("no row has a normalize range or a band: nothing to aggregate")
 
     def summary(scores: np.ndarray) -> np.ndarray:
-        return np.array([
-            metrics.aggregate_iqm(scores),
-            metrics.aggregate_median(scores),
-            metrics.aggregate_mean(scores),
-            metrics.aggregate_optimality_gap(scores),
-        ])  # fmt: skip
+        return np.array(
+            [
+                metrics.aggregate_iqm(scores),
+                metrics.aggregate_median(scores),
+                metrics.aggregate_mean(scores),
+                metrics.aggregate_optimality_gap(scores),
+            ]
+        )
 
     def profile(scores: np.ndarray) -> np.ndarray:
         return np.array([np.mean(scores > tau) for tau in TAUS])

@@ -37,8 +37,11 @@ class BitFlippingEnv(gym.Env):
         self.steps = 0
 
     def _obs(self) -> dict[str, np.ndarray]:
-        return {"observation": self.state.copy(), "achieved_goal": self.state.copy(),
-                "desired_goal": self.goal.copy()}  # fmt: skip
+        return {
+            "observation": self.state.copy(),
+            "achieved_goal": self.state.copy(),
+            "desired_goal": self.goal.copy(),
+        }
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

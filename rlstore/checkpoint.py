@@ -332,8 +332,12 @@ def env_state(envs: gym.vector.VectorEnv) -> dict[str, Any] | None:
 def env_state_loads(state: dict[str, Any]) -> bool:
     """Whether `state` can be restored here: a MuJoCo env's data loads only under the MuJoCo
     version that saved it."""
-    versions = {layer[_MUJOCO_VERSION] for chain in state["envs"] for layer in chain
-                if _MUJOCO_VERSION in layer}  # fmt: skip
+    versions = {
+        layer[_MUJOCO_VERSION]
+        for chain in state["envs"]
+        for layer in chain
+        if _MUJOCO_VERSION in layer
+    }
     if not versions:
         return True
     import mujoco
@@ -373,9 +377,11 @@ def _check_replays(ends: Sequence[Any], saved_obs: torch.Tensor | None) -> None:
     ended elsewhere than the observation saved."""
     for i, obs in enumerate(ends):
         if obs is not None and saved_obs is not None and not np.array_equal(obs, saved_obs[i]):
-            print(f"rlstore: warning: env {i}'s replayed episode ended elsewhere than it "
-                  "was saved; the run goes on from the replay, not bitwise as it would have",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"rlstore: warning: env {i}'s replayed episode ended elsewhere than it "
+                "was saved; the run goes on from the replay, not bitwise as it would have",
+                file=sys.stderr,
+            )
 
 
 def _load_chain(env: gym.Env, chain: list[dict[str, Any]]) -> Any:
@@ -388,8 +394,9 @@ def _load_chain(env: gym.Env, chain: list[dict[str, Any]]) -> Any:
     for attributes in chain:
         if _MJDATA in attributes:
             _restore_mjdata(layer, attributes[_MJDATA])
-        _restore(layer, {k: v for k, v in attributes.items()
-                         if k not in (_MJDATA, _MUJOCO_VERSION)})  # fmt: skip
+        _restore(
+            layer, {k: v for k, v in attributes.items() if k not in (_MJDATA, _MUJOCO_VERSION)}
+        )
         layer = getattr(layer, "env", None)
     return None
 
@@ -430,8 +437,10 @@ def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:
         import mujoco
 
         blob = bytearray(base.data.__getstate__())  # MjData's own pickled form
-        chain[-1] |= {_MJDATA: torch.frombuffer(blob, dtype=torch.uint8),
-                      _MUJOCO_VERSION: mujoco.__version__}  # fmt: skip
+        chain[-1] |= {
+            _MJDATA: torch.frombuffer(blob, dtype=torch.uint8),
+            _MUJOCO_VERSION: mujoco.__version__,
+        }
     return chain
 
 

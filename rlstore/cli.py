@@ -286,8 +286,11 @@ def _unknown_flags(cls: type, args: list[str]) -> str | None:
     parts = []
     for name in unknown:
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.7)
-        others = [a.name for a in algos.all_algorithms()
-                  if name in {flag(f.name) for f in dataclasses.fields(a.config)}]  # fmt: skip
+        others = [
+            a.name
+            for a in algos.all_algorithms()
+            if name in {flag(f.name) for f in dataclasses.fields(a.config)}
+        ]
         if others:
             parts.append(f"{name} (an option of {', '.join(sorted(others))})")
         elif close:
@@ -375,23 +378,43 @@ def main(argv: list[str] | None = None) -> int:
             parsed = parse_args(EvalArgs, rest, "rlstore eval")
             from rlstore.evaluate import evaluate
 
-            evaluate(parsed.run_dir, parsed.episodes, not parsed.stochastic, parsed.video,
-                     parsed.checkpoint, best=parsed.best)  # fmt: skip
+            evaluate(
+                parsed.run_dir,
+                parsed.episodes,
+                not parsed.stochastic,
+                parsed.video,
+                parsed.checkpoint,
+                best=parsed.best,
+            )
             return 0
         elif command == "benchmark":
             parsed = parse_args(BenchmarkArgs, rest, "rlstore benchmark")
             from rlstore.suite import benchmark, status
 
             if parsed.status:
-                given = [flag for flag, unset in [("--workers", parsed.workers is None),
-                         ("--address", parsed.address is None),
-                         ("--gpus-per-run", parsed.gpus_per_run == 0.0)] if not unset]  # fmt: skip
+                given = [
+                    flag
+                    for flag, unset in [
+                        ("--workers", parsed.workers is None),
+                        ("--address", parsed.address is None),
+                        ("--gpus-per-run", parsed.gpus_per_run == 0.0),
+                    ]
+                    if not unset
+                ]
                 if given:
                     raise UsageError(f"--status runs nothing; drop {' and '.join(given)}")
                 return status(parsed.suite, parsed.out, parsed.env, parsed.algo, parsed.seed)
-            return benchmark(parsed.suite, parsed.out, parsed.workers, parsed.address,
-                             parsed.gpus_per_run, parsed.plot, parsed.env, parsed.algo,
-                             parsed.seed)  # fmt: skip
+            return benchmark(
+                parsed.suite,
+                parsed.out,
+                parsed.workers,
+                parsed.address,
+                parsed.gpus_per_run,
+                parsed.plot,
+                parsed.env,
+                parsed.algo,
+                parsed.seed,
+            )
         elif command == "plot":
             parsed = parse_args(PlotArgs, rest, "rlstore plot")
             from rlstore.plot import describe, plot
@@ -399,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
             png = parsed.out if parsed.png else None
             if png is None and parsed.csv is None:
                 raise UsageError("--no-png without --csv writes nothing; give --csv FILE")
-            for group in plot(list(parsed.paths), png, parsed.csv, parsed.tag, parsed.smooth,
-                              parsed.points):  # fmt: skip
+            for group in plot(
+                list(parsed.paths), png, parsed.csv, parsed.tag, parsed.smooth, parsed.points
+            ):
                 print(f"rlstore plot: {describe(group)}")
             print(f"rlstore plot: wrote {', '.join(filter(None, (png, parsed.csv)))}")
             return 0
@@ -408,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
             parsed = parse_args(SweepArgs, rest, "rlstore sweep")
             from rlstore.sweep import sweep
 
-            return sweep(parsed.spec, parsed.out, parsed.address, parsed.workers,
-                         parsed.gpus_per_trial)  # fmt: skip
+            return sweep(
+                parsed.spec, parsed.out, parsed.address, parsed.workers, parsed.gpus_per_trial
+            )
         else:
             raise UsageError(f"unknown command '{command}'; try `rlstore --help`")
         algos.get(algo).train(cfg, preset, resume=from_run)

@@ -112,8 +112,9 @@ class FlatBoxActions(gym.ActionWrapper):
         super().__init__(env)
         space = env.action_space
         self.env_shape = space.shape
-        self.action_space = gym.spaces.Box(space.low.reshape(-1), space.high.reshape(-1),
-                                           dtype=space.dtype)  # fmt: skip
+        self.action_space = gym.spaces.Box(
+            space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype
+        )
 
     def action(self, action: Any) -> np.ndarray:
         return np.asarray(action).reshape(self.env_shape)
@@ -143,8 +144,14 @@ class EnvMaker:
     A plain object of plain values, so that async vector envs can send it to their
     workers."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[str] = (),
-                 drop_keys: Sequence[str] = (), **make_kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any],
+        wrappers: Sequence[str] = (),
+        drop_keys: Sequence[str] = (),
+        **make_kwargs: Any,
+    ) -> None:
         self.env_id, self.env_kwargs, self.wrappers = env_id, dict(env_kwargs), tuple(wrappers)
         self.drop_keys, self.make_kwargs = tuple(drop_keys), make_kwargs
 
@@ -154,8 +161,11 @@ class EnvMaker:
         return bool(self.wrappers or self.drop_keys)
 
     def __call__(self, **more: Any) -> gym.Env:
-        return wrap(gym.make(self.env_id, **self.make_kwargs, **self.env_kwargs, **more),
-                    self.wrappers, self.drop_keys)  # fmt: skip
+        return wrap(
+            gym.make(self.env_id, **self.make_kwargs, **self.env_kwargs, **more),
+            self.wrappers,
+            self.drop_keys,
+        )
 
     def check(self) -> None:
         """Make one env and close it: a kwarg the env does not take, or a wrapper that

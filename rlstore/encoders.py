@@ -84,8 +84,9 @@ class OneHotEncoder(nn.Module):
         starts = np.zeros_like(self.nvec) if start is None else np.asarray(start).reshape(-1)
         # value v of entry i is column offset[i] + v - start[i] of the concatenated one-hots
         offsets = np.concatenate(([0], np.cumsum(self.nvec)[:-1])) - starts
-        self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.int64),
-                             persistent=False)  # fmt: skip
+        self.register_buffer(
+            "offsets", torch.as_tensor(offsets, dtype=torch.int64), persistent=False
+        )
         self._host_offsets = offsets
         self.out_dim = int(self.nvec.sum())
 
@@ -170,11 +171,14 @@ def nature_cnn(
     ReLU, orthogonal init with gain sqrt(2) as in the PPO reference. Takes uint8 frame stacks
     and scales them to [0, 1] itself, so they stay uint8 in storage and on the way here."""
     convs = nn.Sequential(
-        layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)), nn.ReLU(),
-        layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-        layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+        layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+        nn.ReLU(),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+        nn.ReLU(),
+        layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+        nn.ReLU(),
         nn.Flatten(),
-    )  # fmt: skip
+    )
     with torch.no_grad():
         flat = convs(torch.zeros(1, in_channels, *frame_shape)).shape[1]
     # Channels-last convolutions: forward and backward of a 256-frame-stack minibatch take
@@ -284,26 +288,34 @@ def describe_space(
     `encoder_from_description` reads. `name`: where the space sits in a Dict or Tuple
     (for the message of a part rlstore cannot encode); `images`: how images are encoded."""
     if isinstance(space, spaces.Dict):
-        parts = {k: describe_space(part, f"{name}[{k!r}]", images)
-                 for k, part in space.spaces.items()}  # fmt: skip
+        parts = {
+            k: describe_space(part, f"{name}[{k!r}]", images) for k, part in space.spaces.items()
+        }
         return {"type": "dict", "parts": parts}
     if isinstance(space, spaces.Tuple):
-        parts = [describe_space(part, f"{name}[{i}]", images)
-                 for i, part in enumerate(space)]  # fmt: skip
+        parts = [describe_space(part, f"{name}[{i}]", images) for i, part in enumerate(space)]
         return {"type": "tuple", "parts": parts}
     if isinstance(space, spaces.Discrete):
         return {"type": "discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "multi_discrete", "nvec": space.nvec.tolist(),
-                "start": np.broadcast_to(space.start, space.nvec.shape).tolist()}  # fmt: skip
+        return {
+            "type": "multi_discrete",
+            "nvec": space.nvec.tolist(),
+            "start": np.broadcast_to(space.start, space.nvec.shape).tolist(),
+        }
     if isinstance(space, spaces.MultiBinary):
         return {"type": "multi_binary", "shape": list(space.shape)}
     if isinstance(space, spaces.Box):
         if not is_image(space):
             return {"type": "box", "shape": list(space.shape), "dtype": str(space.dtype)}
         scale = images.scale_for(takes_nature_cnn(tuple(space.shape)))
-        return {"type": "image", "shape": list(space.shape), "dtype": str(space.dtype),
-                "channels": list(images.channels), "scale": scale}  # fmt: skip
+        return {
+            "type": "image",
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+            "channels": list(images.channels),
+            "scale": scale,
+        }
     where = f"the observation's part {name}" if name else "the observation space"
     raise UnsupportedSpace(
         f"{where} is {space} ({type(space).__name__}), which rlstore cannot encode", name
@@ -330,8 +342,11 @@ def encoder_from_description(description: dict[str, Any]) -> nn.Module:
     kind = description["type"]
     if kind in ("dict", "tuple"):
         parts = description["parts"]
-        encoders = ({k: encoder_from_description(d) for k, d in parts.items()} if kind == "dict"
-                    else [encoder_from_description(d) for d in parts])  # fmt: skip
+        encoders = (
+            {k: encoder_from_description(d) for k, d in parts.items()}
+            if kind == "dict"
+            else [encoder_from_description(d) for d in parts]
+        )
         values = encoders.values() if kind == "dict" else encoders
         host = all(hasattr(e, "host") for e in values)
         return (HostCombinedEncoder if host else CombinedEncoder)(encoders)

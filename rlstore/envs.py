@@ -48,8 +48,15 @@ register_partially_observable()  # CartPoleNoVel-v1, PendulumNoVel-v1
 register_bit_flipping()  # BitFlipping-v0
 
 # Gymnasium-Robotics' id prefixes: it registers them when imported
-ROBOTICS_PREFIXES = ("Fetch", "PointMaze", "AntMaze", "HandManipulate", "HandReach",
-                     "AdroitHand", "FrankaKitchen")  # fmt: skip
+ROBOTICS_PREFIXES = (
+    "Fetch",
+    "PointMaze",
+    "AntMaze",
+    "HandManipulate",
+    "HandReach",
+    "AdroitHand",
+    "FrankaKitchen",
+)
 
 # Env families that need an optional dependency: (entry-point module prefix or id
 # prefix, what it needs, the rlstore extra that installs it).
@@ -151,8 +158,11 @@ def check_spaces(
         describe_space(obs_space)
     except UnsupportedSpace as e:
         key = re.fullmatch(r"\['([^']*)'\]", e.part)  # a top-level Dict key
-        fix = (f"leave it out with --drop-obs-keys {key[1]}" if key
-               else "turn them into ones it takes with --wrapper module:Callable")  # fmt: skip
+        fix = (
+            f"leave it out with --drop-obs-keys {key[1]}"
+            if key
+            else "turn them into ones it takes with --wrapper module:Callable"
+        )
         raise UsageError(
             f"{env_id}: {e} (it takes Box, Discrete, MultiDiscrete and MultiBinary "
             f"observations, and Dicts and Tuples of them); {fix}"
@@ -247,8 +257,9 @@ def make_vec_env(
     masks = None if action_masks == "off" or is_atari(spec) else mask_source_of(maker, seed)
     infos = infos or masks == "info"
     if is_atari(spec):
-        envs = make_atari_envs(spec, num_envs, vectorization, sticky_actions, max_episode_steps,
-                               fire_on_life_loss)  # fmt: skip
+        envs = make_atari_envs(
+            spec, num_envs, vectorization, sticky_actions, max_episode_steps, fire_on_life_loss
+        )
     else:
         envs = _make_gymnasium_vec_env(spec, num_envs, vectorization, infos, lean, maker)
     try:
@@ -375,8 +386,11 @@ def _make_gymnasium_vec_env(
         mode = "vector_entry_point" if native and not maker.wrapped else "sync"
     elif vectorization == "native":
         if spec.vector_entry_point is None or maker.wrapped:
-            why = "with --wrapper, envs are wrapped one by one" if maker.wrapped else (
-                "it has no native vectorized implementation")  # fmt: skip
+            why = (
+                "with --wrapper, envs are wrapped one by one"
+                if maker.wrapped
+                else ("it has no native vectorized implementation")
+            )
             raise UsageError(
                 f"--vectorization native cannot build {spec.id}: {why}; "
                 "use --vectorization sync or async"
@@ -394,13 +408,22 @@ def _make_gymnasium_vec_env(
     # dropped keys, Box actions of more than one dimension flattened; a native vector env
     # takes no wrappers (refused above when the user gave some)
     native = mode == "vector_entry_point"
-    layers = [] if native else [functools.partial(wrap, wrappers=maker.wrappers,
-                                                  drop_keys=maker.drop_keys)]  # fmt: skip
+    layers = (
+        []
+        if native
+        else [functools.partial(wrap, wrappers=maker.wrappers, drop_keys=maker.drop_keys)]
+    )
     layers += [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
     if mode == "async":
         layers.append(WorkerAccess)
-    envs = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode=mode, wrappers=layers,
-                        **maker.make_kwargs, **maker.env_kwargs)  # fmt: skip
+    envs = gym.make_vec(
+        spec.id,
+        num_envs=num_envs,
+        vectorization_mode=mode,
+        wrappers=layers,
+        **maker.make_kwargs,
+        **maker.env_kwargs,
+    )
     if mode == "async":  # (a copy: the class's own dict is shared)
         envs.metadata = {**envs.metadata, WORKER_ACCESS: True}
     return envs
@@ -431,13 +454,22 @@ def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.Ve
     training reads none)."""
     check_atari_options(cfg)
     masks = cfg.action_masks if algorithm.action_masks else "off"
-    envs = make_vec_env(cfg.env_id, cfg.num_envs, cfg.seed, cfg.vectorization,
-                        cfg.max_episode_steps, algorithm, infos=False,
-                        sticky_actions=cfg.sticky_actions,
-                        fire_on_life_loss=cfg.fire_on_life_loss,
-                        lean=cfg.use_fast_paths, env_kwargs=parse_env_kwargs(cfg.env_kwargs),
-                        wrappers=cfg.wrapper, drop_obs_keys=cfg.drop_obs_keys,
-                        action_masks=masks)  # fmt: skip
+    envs = make_vec_env(
+        cfg.env_id,
+        cfg.num_envs,
+        cfg.seed,
+        cfg.vectorization,
+        cfg.max_episode_steps,
+        algorithm,
+        infos=False,
+        sticky_actions=cfg.sticky_actions,
+        fire_on_life_loss=cfg.fire_on_life_loss,
+        lean=cfg.use_fast_paths,
+        env_kwargs=parse_env_kwargs(cfg.env_kwargs),
+        wrappers=cfg.wrapper,
+        drop_obs_keys=cfg.drop_obs_keys,
+        action_masks=masks,
+    )
     return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
 
 

@@ -231,9 +231,14 @@ def make_eval_envs(
     spec = check_env_id(env_id)
     route_mujoco_warnings(spec)
     if is_atari(spec):
-        return make_vec_env(env_id, count, 0, max_episode_steps=max_steps,
+        return make_vec_env(
+            env_id,
+            count,
+            0,
+            max_episode_steps=max_steps,
             sticky_actions=config.get("sticky_actions", False),
-            fire_on_life_loss=config.get("fire_on_life_loss", False))  # fmt: skip
+            fire_on_life_loss=config.get("fire_on_life_loss", False),
+        )
     envs = gym.vector.SyncVectorEnv([env_maker(spec, config)] * count)
     return envs if mask_source is None else ActionMasks(envs, mask_source)
 
@@ -241,9 +246,13 @@ def make_eval_envs(
 def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> EnvMaker:
     """What makes one env as the run's config made them: its time limit, --env-kwargs and
     --wrapper (rlstore/custom_envs.py)."""
-    return EnvMaker(spec.id, parse_env_kwargs(config.get("env_kwargs", ())),
-                    config.get("wrapper", ()), config.get("drop_obs_keys", ()),
-                    **time_limit(config.get("max_episode_steps")))  # fmt: skip
+    return EnvMaker(
+        spec.id,
+        parse_env_kwargs(config.get("env_kwargs", ())),
+        config.get("wrapper", ()),
+        config.get("drop_obs_keys", ()),
+        **time_limit(config.get("max_episode_steps")),
+    )
 
 
 def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:
@@ -375,8 +384,9 @@ def evaluate(
     envs = make_eval_envs(policy.env_id, cfg, episodes, policy.mask_source)
     video_env = make_video_env(policy.env_id, cfg) if video else None
     seed = eval_seed(cfg) if seed is None else seed  # not the training envs' seeds
-    returns, lengths, frames, successes = play_episodes(policy, envs, seed, episodes,
-                                                        deterministic, video_env)  # fmt: skip
+    returns, lengths, frames, successes = play_episodes(
+        policy, envs, seed, episodes, deterministic, video_env
+    )
     envs.close()
     video_file = None
     if video_env is not None:
@@ -513,15 +523,21 @@ class Evaluator:
 
         env_id = self.config["env_id"]
         normalizer = obs_normalizer.state_dict() if obs_normalizer is not None else None
-        record = {"algo": self.algo, "env_id": env_id, "config": self.config,
-                  "global_step": global_step, "obs_normalizer": normalizer}  # fmt: skip
+        record = {
+            "algo": self.algo,
+            "env_id": env_id,
+            "config": self.config,
+            "global_step": global_step,
+            "obs_normalizer": normalizer,
+        }
         video = self.video_every > 0 and len(self.history) % self.video_every == 0
         training_rng, was_training = rng_state(), network.training
         try:
             policy = Policy(network, spec, record)
             if self._envs is None:
-                self._envs = make_eval_envs(env_id, self.config, self.episodes,
-                                            spec.get("action_masks"))  # fmt: skip
+                self._envs = make_eval_envs(
+                    env_id, self.config, self.episodes, spec.get("action_masks")
+                )
             video_env = make_video_env(env_id, self.config) if video else None
             seed = eval_seed(self.config)
             returns, lengths, frames, successes = play_episodes(
@@ -544,10 +560,15 @@ class Evaluator:
         result["best"] = best is None or result["mean_return"] > best["mean_return"]
         if result["best"]:
             write_policy(
-                self.run_dir / BEST_MODEL, algo=self.algo, env_id=env_id,
-                global_step=global_step, config=self.config, state_dict=network.state_dict(),
-                policy=spec, obs_normalizer=normalizer,
-            )  # fmt: skip
+                self.run_dir / BEST_MODEL,
+                algo=self.algo,
+                env_id=env_id,
+                global_step=global_step,
+                config=self.config,
+                state_dict=network.state_dict(),
+                policy=spec,
+                obs_normalizer=normalizer,
+            )
         if self.writer is not None:
             self.writer.add_scalar("eval/mean_return", result["mean_return"], global_step)
             self.writer.add_scalar("eval/std_return", result["std_return"], global_step)
@@ -591,9 +612,20 @@ def add_tensorboard_video(
     stride = max(1, -(-max(height, width) // TENSORBOARD_VIDEO_SIDE))
     images = [Image.fromarray(np.ascontiguousarray(f[::stride, ::stride])) for f in frames]
     buffer = io.BytesIO()
-    images[0].save(buffer, format="GIF", save_all=True, append_images=images[1:],
-                   duration=round(1000 / fps), loop=0)  # fmt: skip
-    image = Summary.Image(height=images[0].height, width=images[0].width, colorspace=3,
-                          encoded_image_string=buffer.getvalue())  # fmt: skip
-    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]),
-                                          step)  # fmt: skip
+    images[0].save(
+        buffer,
+        format="GIF",
+        save_all=True,
+        append_images=images[1:],
+        duration=round(1000 / fps),
+        loop=0,
+    )
+    image = Summary.Image(
+        height=images[0].height,
+        width=images[0].width,
+        colorspace=3,
+        encoded_image_string=buffer.getvalue(),
+    )
+    writer._get_file_writer().add_summary(
+        Summary(value=[Summary.Value(tag=tag, image=image)]), step
+    )

@@ -46,9 +46,15 @@ RUNS_AT_ONCE = "RLSTORE_RUNS_AT_ONCE"  # runs sharing this machine, for --torch-
 # reports, how often it checkpoints (saving touches neither the RNG nor the learning: the
 # resume tests) and its length (a shorter run is extended by resuming it).
 NOT_IDENTITY = (
-    "logdir", "progress", "config", "device", "torch_threads", "total_timesteps",
-    "checkpoint_every", "keep_checkpoints",
-)  # fmt: skip
+    "logdir",
+    "progress",
+    "config",
+    "device",
+    "torch_threads",
+    "total_timesteps",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
 
 
 def check_workers(workers: int | None) -> None:
@@ -260,9 +266,12 @@ def _start_child(spec: RunSpec, runs_at_once: int) -> subprocess.Popen:
     log = open(spec.log_file, "a") if spec.log_file else subprocess.DEVNULL  # noqa: SIM115
     try:
         return subprocess.Popen(
-            child_command(spec), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            child_command(spec),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             env=env,
-        )  # fmt: skip
+        )
     finally:
         if spec.log_file:
             log.close()

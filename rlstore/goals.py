@@ -64,8 +64,9 @@ def hindsight_for(env: gym.Env, env_id: str, goals: int, strategy: str) -> Hinds
             "add it to the env, or train without --her"
         )
     terminated = getattr(unwrapped, "compute_terminated", None)
-    hindsight = Hindsight(unwrapped.compute_reward, terminated if callable(terminated) else None,
-                          goals, strategy)  # fmt: skip
+    hindsight = Hindsight(
+        unwrapped.compute_reward, terminated if callable(terminated) else None, goals, strategy
+    )
     check_on_arrays(hindsight, space, env_id)
     return hindsight
 
@@ -74,8 +75,9 @@ def check_on_arrays(hindsight: Hindsight, space: gym.spaces.Dict, env_id: str) -
     """A UsageError unless the env's functions take arrays of goals, one per row (HER calls
     them once per batch): tried on three goals drawn from the space, before training."""
     samples = [space.sample() for _ in range(3)]
-    achieved, desired = (np.stack([s[key] for s in samples])
-                         for key in ("achieved_goal", "desired_goal"))  # fmt: skip
+    achieved, desired = (
+        np.stack([s[key] for s in samples]) for key in ("achieved_goal", "desired_goal")
+    )
     try:
         hindsight.rewards_and_terminations(achieved, desired, np.zeros(3, dtype=bool))
     except Exception as e:  # any failure of the user's functions says the same

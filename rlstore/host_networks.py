@@ -130,8 +130,7 @@ class GreedyActor:
     device, or with `use_numpy=False`, it runs in torch.
     """
 
-    def __init__(self, path: SequentialRunner, use_numpy: bool = True,
-                 encoder: Any = None) -> None:  # fmt: skip
+    def __init__(self, path: SequentialRunner, use_numpy: bool = True, encoder: Any = None) -> None:
         self.path, self.views = path, HostViews(path, use_numpy)
         # the Q-network's parameter-free encoder (rlstore/encoders.py); None: flattened floats
         self.encoder = encoder
@@ -194,9 +193,13 @@ class HostActorCritic:
         return np.random.standard_normal(shape).astype(np.float32)
 
     def sample(
-        self, obs: np.ndarray, actor: list, critic: list, noise: np.ndarray,
+        self,
+        obs: np.ndarray,
+        actor: list,
+        critic: list,
+        noise: np.ndarray,
         masks: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(action, log-prob, value) for `obs` with the views `actor` and `critic` (from
         self.actor() and self.critic()) and one step of `noise`; only the actions `masks`
         allows, where given (Discrete actions)."""

@@ -34,8 +34,15 @@ class _ActorCriticPass:
     of the taken actions, entropies, values), and the backward pass from the loss's
     derivatives with respect to them: what HostPPOStep and HostA2CStep share."""
 
-    def __init__(self, agent: nn.Module, actor: list, critic: list, obs, actions,
-                 masks: np.ndarray | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        agent: nn.Module,
+        actor: list,
+        critic: list,
+        obs,
+        actions,
+        masks: np.ndarray | None = None,
+    ) -> None:
         self.agent, self.actor, self.critic = agent, actor, critic
         self.obs = obs
         self.actor_acts, out = _forward(obs, actor)
@@ -77,10 +84,17 @@ class _ActorCriticPass:
             d_out = d_log_prob[:, None] * (one_hot - self.probs)
             # d entropy / d logits = -p (log p + H); the loss has -ent_coef * mean(H)
             d_out += ent_coef / B * self.probs * (self.log_probs + self.entropy[:, None])
-        _backward(self.obs, self.actor_acts, self.actor, d_out.astype(np.float32),
-                  agent.actor_path, grads)  # fmt: skip
-        _backward(self.obs, self.critic_acts, self.critic, d_value.astype(np.float32)[:, None],
-                  agent.critic_path, grads)  # fmt: skip
+        _backward(
+            self.obs, self.actor_acts, self.actor, d_out.astype(np.float32), agent.actor_path, grads
+        )
+        _backward(
+            self.obs,
+            self.critic_acts,
+            self.critic,
+            d_value.astype(np.float32)[:, None],
+            agent.critic_path,
+            grads,
+        )
         return grads
 
 
@@ -161,8 +175,12 @@ class HostPPOStep(_ActorCriticStep):
         HostAdam.of(self.optimizer).step(grads, cfg.max_grad_norm)
 
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
-        losses = {"losses/policy_loss": policy_loss, "losses/value_loss": value_loss,
-                  "losses/entropy": entropy_mean, "loss": loss}  # fmt: skip
+        losses = {
+            "losses/policy_loss": policy_loss,
+            "losses/value_loss": value_loss,
+            "losses/entropy": entropy_mean,
+            "loss": loss,
+        }
         if diagnostics:
             losses["losses/old_approx_kl"] = (-log_ratio).mean()
             losses["losses/approx_kl"] = ((ratio - 1) - log_ratio).mean()
@@ -208,8 +226,12 @@ class HostA2CStep(_ActorCriticStep):
             square_avg += (1 - alpha) * np.square(grad)
             p -= np.float32(lr) * grad / (np.sqrt(square_avg) + np.float32(eps))
         loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
-        losses = {"loss": loss, "losses/policy_loss": policy_loss,
-                  "losses/value_loss": value_loss, "losses/entropy": entropy_mean}  # fmt: skip
+        losses = {
+            "loss": loss,
+            "losses/policy_loss": policy_loss,
+            "losses/value_loss": value_loss,
+            "losses/entropy": entropy_mean,
+        }
         return {k: torch.tensor(float(v)) for k, v in losses.items()}
 
 
@@ -305,8 +327,10 @@ class HostAdam:
         first, last, state = self.params[0], self.params[-1], self.optimizer.state
         self._pointers = [first.data_ptr(), last.data_ptr()]
         for param in (first, last):
-            self._pointers += [state[param]["exp_avg"].data_ptr(),
-                               state[param]["exp_avg_sq"].data_ptr()]  # fmt: skip
+            self._pointers += [
+                state[param]["exp_avg"].data_ptr(),
+                state[param]["exp_avg_sq"].data_ptr(),
+            ]
 
     def step(self, grads: dict[torch.Tensor, np.ndarray], max_norm: float | None) -> None:
         if not self._in_place():

@@ -32,8 +32,15 @@ class LeanDQNStep:
     checkpoint was loaded), it takes the loop's general step instead.
     """
 
-    def __init__(self, envs: LeanSyncVectorEnv, buffer: Any, run: Any, greedy_actions,
-                 num_actions: int, sign_rewards: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        envs: LeanSyncVectorEnv,
+        buffer: Any,
+        run: Any,
+        greedy_actions,
+        num_actions: int,
+        sign_rewards: bool,
+    ) -> None:
         self.envs, self.buffer, self.run = envs, buffer, run
         self.greedy_actions, self.num_actions = greedy_actions, num_actions
         self.sign_rewards = sign_rewards
@@ -114,8 +121,15 @@ class LeanRollout:
     resume that had to reset the envs, for one), the loop's general step goes first.
     """
 
-    def __init__(self, envs: LeanSyncVectorEnv, storage: Any, act: HostActorCritic, run: Any,
-                 obs_norm: Any = None, reward_scale: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        envs: LeanSyncVectorEnv,
+        storage: Any,
+        act: HostActorCritic,
+        run: Any,
+        obs_norm: Any = None,
+        reward_scale: Any = None,
+    ) -> None:
         self.envs, self.storage, self.act, self.run = envs, storage, act, run
         self.obs_norm, self.reward_scale = obs_norm, reward_scale
 
@@ -200,12 +214,25 @@ class LeanRollout:
                     returns[i], lengths[i] = 0.0, 0
         # What the general calls leave behind them, through each one's public methods
         actions, log_probs, values = (np.stack(column) for column in zip(*acted, strict=True))
-        storage.insert_steps(obs[1:], actions, log_probs, values, np.array(rewards),
-                             np.array(terminations), np.array(truncations))  # fmt: skip
-        stats.load_state_dict({"returns": np.array(returns), "lengths": np.array(lengths),
-                               "prev_done": np.array(ended)})  # fmt: skip
-        envs.record_steps(obs[-1] if obs_norm is None else raw, step_rewards, step_terminated,
-                          step_truncated)  # fmt: skip
+        storage.insert_steps(
+            obs[1:],
+            actions,
+            log_probs,
+            values,
+            np.array(rewards),
+            np.array(terminations),
+            np.array(truncations),
+        )
+        stats.load_state_dict(
+            {
+                "returns": np.array(returns),
+                "lengths": np.array(lengths),
+                "prev_done": np.array(ended),
+            }
+        )
+        envs.record_steps(
+            obs[-1] if obs_norm is None else raw, step_rewards, step_terminated, step_truncated
+        )
 
 
 class LeanSyncVectorEnv(gym.vector.VectorEnv):
@@ -269,8 +296,13 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
                 self.observations[i], info = env.reset()
                 self.rewards[i], self.terminations[i], self.truncations[i] = 0.0, False, False
             else:
-                (self.observations[i], self.rewards[i], self.terminations[i],
-                 self.truncations[i], info) = env.step(action)  # fmt: skip
+                (
+                    self.observations[i],
+                    self.rewards[i],
+                    self.terminations[i],
+                    self.truncations[i],
+                    info,
+                ) = env.step(action)
             if info and self.gather_infos:
                 infos = self._add_info(infos, info, i)
         self.autoreset = self.terminations | self.truncations
@@ -282,8 +314,13 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
             infos,
         )
 
-    def record_steps(self, observations: np.ndarray, rewards: list[float],
-                     terminations: list[bool], truncations: list[bool]) -> None:  # fmt: skip
+    def record_steps(
+        self,
+        observations: np.ndarray,
+        rewards: list[float],
+        terminations: list[bool],
+        truncations: list[bool],
+    ) -> None:
         """Take the results of the last step made outside step() (LeanRollout steps the envs
         in `self.envs` itself), as step() would have kept them."""
         self.observations[:] = observations

@@ -82,9 +82,12 @@ def sample_action(
 
 
 def action_log_prob_and_entropy(
-    out: torch.Tensor, action: torch.Tensor, head: Any, log_std: torch.Tensor | None,
+    out: torch.Tensor,
+    action: torch.Tensor,
+    head: Any,
+    log_std: torch.Tensor | None,
     mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log-prob of `action` and entropy under an actor's output, as sample_action draws."""
     if head is not None:
         return head.log_prob_and_entropy(masked_logits(out, mask), action)
@@ -170,15 +173,25 @@ class ActorCritic(nn.Module):
 
     def spec_args(self) -> dict:
         head = {"action_head": self.head.spec()} if self.head is not None else {}
-        return {"action_dim": self.action_dim, "continuous": self.continuous,
-                "hidden": list(self.hidden), **head}  # fmt: skip
+        return {
+            "action_dim": self.action_dim,
+            "continuous": self.continuous,
+            "hidden": list(self.hidden),
+            **head,
+        }
 
     @classmethod
     def from_spec(cls, spec: dict) -> ActorCritic:
         encoder = encoder_from_description(description_of_spec(spec))
         hidden = tuple(spec.get("hidden", (64, 64)))  # (older model files: the default)
-        return cls(0, spec["action_dim"], spec["continuous"], hidden, encoder=encoder,
-                   head=head_from_spec(spec.get("action_head")))  # fmt: skip
+        return cls(
+            0,
+            spec["action_dim"],
+            spec["continuous"],
+            hidden,
+            encoder=encoder,
+            head=head_from_spec(spec.get("action_head")),
+        )
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         return self.encoder(obs)
@@ -294,8 +307,9 @@ class RecurrentActorCriticBase(nn.Module):
         flat_actions = actions.reshape(L * B, *actions.shape[2:])
         masks = None if action_masks is None else action_masks.reshape(L * B, -1)
         out = self.actor(torch.cat(actor_features))
-        log_prob, entropy = action_log_prob_and_entropy(out, flat_actions, self.head,
-                                                        self._log_std, masks)  # fmt: skip
+        log_prob, entropy = action_log_prob_and_entropy(
+            out, flat_actions, self.head, self._log_std, masks
+        )
         value = self.critic(torch.cat(critic_features)).squeeze(-1)
         return log_prob.view(L, B), entropy.view(L, B), value.view(L, B)
 
@@ -336,15 +350,27 @@ class RecurrentActorCritic(RecurrentActorCriticBase):
 
     def spec_args(self) -> dict:
         head = {"action_head": self.head.spec()} if self.head is not None else {}
-        return {"action_dim": self.action_dim, "continuous": self.continuous,
-                "lstm_hidden": self.lstm_hidden, "hidden": list(self.hidden), **head}  # fmt: skip
+        return {
+            "action_dim": self.action_dim,
+            "continuous": self.continuous,
+            "lstm_hidden": self.lstm_hidden,
+            "hidden": list(self.hidden),
+            **head,
+        }
 
     @classmethod
     def from_spec(cls, spec: dict) -> RecurrentActorCritic:
         encoder = encoder_from_description(description_of_spec(spec))
         hidden = tuple(spec.get("hidden", (64, 64)))  # (older model files: the default)
-        return cls(0, spec["action_dim"], spec["continuous"], spec["lstm_hidden"], hidden,
-                   encoder, head_from_spec(spec.get("action_head")))  # fmt: skip
+        return cls(
+            0,
+            spec["action_dim"],
+            spec["continuous"],
+            spec["lstm_hidden"],
+            hidden,
+            encoder,
+            head_from_spec(spec.get("action_head")),
+        )
 
     def encode(self, obs: Tree) -> torch.Tensor:
         """The encoder's features of observations (L, B, ...): (L, B, features)."""
@@ -385,8 +411,7 @@ class CnnRecurrentActorCritic(RecurrentActorCriticBase):
         self.critic = layer_init(nn.Linear(lstm_hidden, 1), std=1.0)
 
     def spec_args(self) -> dict:
-        return {"action_dim": self.action_dim, "continuous": False,
-                "lstm_hidden": self.lstm_hidden}  # fmt: skip
+        return {"action_dim": self.action_dim, "continuous": False, "lstm_hidden": self.lstm_hidden}
 
     @classmethod
     def from_spec(cls, spec: dict) -> CnnRecurrentActorCritic:
@@ -404,9 +429,12 @@ class CnnRecurrentActorCritic(RecurrentActorCriticBase):
 
 
 def recurrent_actor_critic_for(
-    obs_space, action_space, lstm_hidden: int, hidden: tuple[int, ...] = (64, 64),
+    obs_space,
+    action_space,
+    lstm_hidden: int,
+    hidden: tuple[int, ...] = (64, 64),
     images: ImageOptions = DEFAULT_IMAGES,
-) -> nn.Module:  # fmt: skip
+) -> nn.Module:
     """A recurrent actor-critic shaped for a single env's spaces (gymnasium spaces):
     CnnRecurrentActorCritic for frame stacks, else RecurrentActorCritic on the observation
     space's encoder."""
@@ -418,13 +446,18 @@ def recurrent_actor_critic_for(
         return CnnRecurrentActorCritic(obs_space.shape, int(action_space.n), lstm_hidden)
     continuous, head = isinstance(action_space, spaces.Box), head_for(action_space)
     action_dim = 0 if head else action_space.shape[0] if continuous else int(action_space.n)
-    return RecurrentActorCritic(0, action_dim, continuous, lstm_hidden, hidden,
-                                encoder_for(obs_space, images), head)  # fmt: skip
+    return RecurrentActorCritic(
+        0, action_dim, continuous, lstm_hidden, hidden, encoder_for(obs_space, images), head
+    )
 
 
-def actor_critic_for(obs_space, action_space, fast: bool = True,
-                     hidden: tuple[int, ...] = (64, 64),
-                     images: ImageOptions = DEFAULT_IMAGES) -> nn.Module:  # fmt: skip
+def actor_critic_for(
+    obs_space,
+    action_space,
+    fast: bool = True,
+    hidden: tuple[int, ...] = (64, 64),
+    images: ImageOptions = DEFAULT_IMAGES,
+) -> nn.Module:
     """An ActorCritic (CnnActorCritic for frame stacks) shaped for a single env's
     observation and action spaces: the observation space's encoder, then the MLPs."""
     from gymnasium import spaces
@@ -593,8 +626,11 @@ class QNetwork(nn.Module):
             return masked_q(q, allowed).argmax(-1).cpu().numpy()
 
     def spec_args(self) -> dict:
-        return {"action_dim": self.num_actions, "dueling": self.dueling,
-                "hidden": list(self.hidden)}  # fmt: skip
+        return {
+            "action_dim": self.num_actions,
+            "dueling": self.dueling,
+            "hidden": list(self.hidden),
+        }
 
     @classmethod
     def from_spec(cls, spec: dict) -> QNetwork:
@@ -603,21 +639,27 @@ class QNetwork(nn.Module):
         return cls(0, spec["action_dim"], hidden, dueling=spec["dueling"], encoder=encoder)
 
 
-def policy_spec(network: nn.Module, obs_space, action_space,
-                action_masks: str | None = None) -> dict:  # fmt: skip
+def policy_spec(
+    network: nn.Module, obs_space, action_space, action_masks: str | None = None
+) -> dict:
     """What rebuilds `network` (its class's from_spec) and clips its actions, and how the
     env gives the action masks it acts under (rlstore/masks.py): kept in model.pt."""
     shape = None if obs_space.shape is None else list(obs_space.shape)  # (None: Dict, Tuple)
-    spec = {"network": network.SPEC_NAME, "obs_shape": shape,
-            "observation": getattr(getattr(network, "encoder", None), "description", None)
-            or describe_space(obs_space)}  # fmt: skip
+    spec = {
+        "network": network.SPEC_NAME,
+        "obs_shape": shape,
+        "observation": getattr(getattr(network, "encoder", None), "description", None)
+        or describe_space(obs_space),
+    }
     spec |= network.spec_args()
     if action_masks is not None:
         spec["action_masks"] = action_masks
     if spec.get("continuous"):
-        spec |= {"action_low": action_space.low.tolist(),
-                 "action_high": action_space.high.tolist(),
-                 "action_dtype": str(action_space.dtype)}  # fmt: skip
+        spec |= {
+            "action_low": action_space.low.tolist(),
+            "action_high": action_space.high.tolist(),
+            "action_dtype": str(action_space.dtype),
+        }
     return spec
 
 
@@ -637,8 +679,9 @@ class QCritics(nn.Module):
     """One or two independent Q(s, a) MLPs, q1 and q2: two for the clipped double-Q target
     of TD3 and SAC, which takes their minimum (Fujimoto et al. 2018); one for DDPG."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...],
-                 count: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], count: int = 2
+    ) -> None:
         super().__init__()
         if count not in (1, 2):
             raise ValueError(f"QCritics holds one or two critics, not {count}")
@@ -656,8 +699,9 @@ class QCritics(nn.Module):
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
 
-def squashed_gaussian_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor,
-                               scale: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def squashed_gaussian_log_prob(
+    u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
     """log-density of the action a = scale * tanh(u) + bias, where u ~ Normal(mean,
     exp(log_std)), summed over the action dimensions: the Gaussian's log-density of u
     minus log |da/du| = log scale + log(1 - tanh(u)^2) (the change of variables), the
@@ -697,9 +741,14 @@ class SquashedGaussianActorCritic(nn.Module):
     continuous = True
     LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
-    def __init__(self, obs_dim: int, low: Sequence[float], high: Sequence[float],
-                 hidden: tuple[int, ...] = (256, 256),
-                 encoder: nn.Module | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        obs_dim: int,
+        low: Sequence[float],
+        high: Sequence[float],
+        hidden: tuple[int, ...] = (256, 256),
+        encoder: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         action_dim, self.hidden = len(low), tuple(hidden)
         # a parameter-free encoder (vectors, one-hots), which actor and critics share
@@ -732,14 +781,14 @@ class SquashedGaussianActorCritic(nn.Module):
         return torch.stack(self.critic(self.encoder(obs), action.float()), -1)
 
     def spec_args(self) -> dict:
-        return {"action_dim": len(self.bounds.low), "continuous": True,
-                "hidden": list(self.hidden)}  # fmt: skip
+        return {"action_dim": len(self.bounds.low), "continuous": True, "hidden": list(self.hidden)}
 
     @classmethod
     def from_spec(cls, spec: dict) -> SquashedGaussianActorCritic:
         encoder = encoder_from_description(description_of_spec(spec))
-        return cls(0, spec["action_low"], spec["action_high"], tuple(spec["hidden"]),
-                   encoder=encoder)  # fmt: skip
+        return cls(
+            0, spec["action_low"], spec["action_high"], tuple(spec["hidden"]), encoder=encoder
+        )
 
 
 class DeterministicActorCritic(nn.Module):
@@ -752,10 +801,16 @@ class DeterministicActorCritic(nn.Module):
     SPEC_NAME = "deterministic_actor_critic"
     continuous = True
 
-    def __init__(self, obs_dim: int, low: Sequence[float], high: Sequence[float],
-                 hidden: tuple[int, ...] = (256, 256),
-                 exploration_noise: float = 0.1, critics: int = 2,
-                 encoder: nn.Module | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        obs_dim: int,
+        low: Sequence[float],
+        high: Sequence[float],
+        hidden: tuple[int, ...] = (256, 256),
+        exploration_noise: float = 0.1,
+        critics: int = 2,
+        encoder: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         action_dim, self.hidden = len(low), tuple(hidden)
         # a parameter-free encoder (vectors, one-hots), which actor and critics share
@@ -782,13 +837,24 @@ class DeterministicActorCritic(nn.Module):
 
     def spec_args(self) -> dict:
         noise, critics = self.exploration_noise, self.critic.count
-        return {"action_dim": len(self.bounds.low), "continuous": True,
-                "hidden": list(self.hidden), "exploration_noise": noise,
-                "critics": critics}  # fmt: skip
+        return {
+            "action_dim": len(self.bounds.low),
+            "continuous": True,
+            "hidden": list(self.hidden),
+            "exploration_noise": noise,
+            "critics": critics,
+        }
 
     @classmethod
     def from_spec(cls, spec: dict) -> DeterministicActorCritic:
         encoder = encoder_from_description(description_of_spec(spec))
         # model files written before DDPG came hold TD3's two critics and do not say so
-        return cls(0, spec["action_low"], spec["action_high"], tuple(spec["hidden"]),
-                   spec["exploration_noise"], spec.get("critics", 2), encoder)  # fmt: skip
+        return cls(
+            0,
+            spec["action_low"],
+            spec["action_high"],
+            tuple(spec["hidden"]),
+            spec["exploration_noise"],
+            spec.get("critics", 2),
+            encoder,
+        )

@@ -30,8 +30,9 @@ class _KeptObservation:
 
     def _keep_only(self) -> None:
         full = self.observation_space
-        self.observation_space = spaces.Box(full.low[self.KEPT], full.high[self.KEPT],
-                                            dtype=np.float32)  # fmt: skip
+        self.observation_space = spaces.Box(
+            full.low[self.KEPT], full.high[self.KEPT], dtype=np.float32
+        )
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict]:
         obs, info = super().reset(**kwargs)

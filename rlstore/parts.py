@@ -68,8 +68,10 @@ def check_parts(check: Callable[[Any, str, Any], Any], given: Tree, mine: Tree, 
     if isinstance(mine, tuple):
         if not isinstance(given, (tuple, list)) or len(given) != len(mine):
             raise ValueError(f"{name} must be a tuple of {len(mine)} parts")
-        return tuple(check_parts(check, g, v, f"{name}[{i}]")
-                     for i, (g, v) in enumerate(zip(given, mine, strict=True)))  # fmt: skip
+        return tuple(
+            check_parts(check, g, v, f"{name}[{i}]")
+            for i, (g, v) in enumerate(zip(given, mine, strict=True))
+        )
     return check(given, name, mine)
 
 
@@ -98,5 +100,6 @@ def as_tensors(tree: Tree, device: torch.device | str | None = None) -> Tree:
 
 def to_numpy(tree: Tree) -> Tree:
     """Each part as a numpy array (host copies of tensors)."""
-    return map_parts(lambda x: x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x),
-                     tree)  # fmt: skip
+    return map_parts(
+        lambda x: x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x), tree
+    )

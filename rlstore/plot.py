@@ -32,10 +32,23 @@ Curve = tuple[np.ndarray, np.ndarray]  # steps, values
 # config.json entries that do not make runs different experiments: the seed, bookkeeping,
 # and where or how fast a run ran.
 NOT_COMPARED = (
-    "seed", "preset", "resolved", "logdir", "progress", "config", "device", "torch_threads",
-    "track_tensorboard", "checkpoint_every", "keep_checkpoints", "capture_video", "video_every",
-    "track", "wandb_project", "wandb_entity",
-)  # fmt: skip
+    "seed",
+    "preset",
+    "resolved",
+    "logdir",
+    "progress",
+    "config",
+    "device",
+    "torch_threads",
+    "track_tensorboard",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "capture_video",
+    "video_every",
+    "track",
+    "wandb_project",
+    "wandb_entity",
+)
 DEFAULT_SMOOTH = 10  # points of training returns; evaluation curves (eval/...) are not smoothed
 
 
@@ -155,8 +168,11 @@ def group_runs(runs: list[Path], tag: str, window: int) -> list[Group]:
         name = record.get("exp_name") or record["algo"]
         # a field newer than the run had its default's behaviour: runs made before and
         # after it was added are the same experiment
-        settings = {k: v for k, v in {**_defaults(record["algo"]), **record}.items()
-                    if k not in NOT_COMPARED}  # fmt: skip
+        settings = {
+            k: v
+            for k, v in {**_defaults(record["algo"]), **record}.items()
+            if k not in NOT_COMPARED
+        }
         key = json.dumps([record["env_id"], name, settings], sort_keys=True, default=str)
         group = groups.setdefault(key, Group(record["env_id"], name, settings))
         order = np.argsort(curve[0], kind="stable")
@@ -304,11 +320,22 @@ def _draw(
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2)
             reference = references.get((env, group.name))
             if reference and reference.band:
-                ax.axhspan(*reference.band, color=color, alpha=0.08, hatch="//", lw=0,
-                           label=f"{group.name}: reference band")  # fmt: skip
+                ax.axhspan(
+                    *reference.band,
+                    color=color,
+                    alpha=0.08,
+                    hatch="//",
+                    lw=0,
+                    label=f"{group.name}: reference band",
+                )
             if reference and reference.threshold is not None:
-                ax.axhline(reference.threshold, color=color, ls="--", lw=1,
-                           label=f"{group.name}: threshold {reference.threshold:g}")  # fmt: skip
+                ax.axhline(
+                    reference.threshold,
+                    color=color,
+                    ls="--",
+                    lw=1,
+                    label=f"{group.name}: threshold {reference.threshold:g}",
+                )
         ax.set_title(env)
         ax.set_xlabel("env steps")
         ax.set_ylabel(y_label(tag, smooth_window), fontsize=8)

@@ -418,8 +418,16 @@ class TrainingState:
 
 
 # The packages a run's numbers depend on; those not installed are left out.
-RECORDED_PACKAGES = ("rlstore", "torch", "numpy", "gymnasium", "mujoco", "box2d", "box2d-py",
-                     "ale-py")  # fmt: skip
+RECORDED_PACKAGES = (
+    "rlstore",
+    "torch",
+    "numpy",
+    "gymnasium",
+    "mujoco",
+    "box2d",
+    "box2d-py",
+    "ale-py",
+)
 
 
 def cpu_model() -> str:
@@ -546,8 +554,12 @@ class Run:
         # What "auto" became on this machine (read back by nobody: a resume resolves again),
         # and what the run ran on: a score depends on the env's physics, which its id does
         # not pin (Hopper-v4 steps otherwise from MuJoCo 3.5.0 on). A resume records its own.
-        record["resolved"] = {"device": str(self.device), "torch_threads": torch.get_num_threads(),
-                              "cpu": cpu_model(), "versions": package_versions()}  # fmt: skip
+        record["resolved"] = {
+            "device": str(self.device),
+            "torch_threads": torch.get_num_threads(),
+            "cpu": cpu_model(),
+            "versions": package_versions(),
+        }
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
         if cfg.track:
             self.tracker = start_tracking(cfg, self.dir, record)
@@ -851,9 +863,11 @@ class Run:
         self.progress.close()
         mean = self.recent_mean_return
         steps = self.global_step - self.start_step
-        done = f"{steps:,} steps" if not self.start_step else (
-            f"steps {self.start_step:,} -> {self.global_step:,} ({steps:,} steps)"
-        )  # fmt: skip
+        done = (
+            f"{steps:,} steps"
+            if not self.start_step
+            else (f"steps {self.start_step:,} -> {self.global_step:,} ({steps:,} steps)")
+        )
         print(
             f"{self.algo} {self.cfg.env_id}: {done} in {seconds:.1f} s "
             f"({steps / max(seconds, 1e-9):,.0f} steps/s), "

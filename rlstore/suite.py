@@ -47,9 +47,21 @@ from rlstore.text import plural
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "score", "row")
 ROW_KEYS = (
-    "name", "algo", "env", "steps", "seeds", "overrides", "threshold", "need", "band", "source",
-    "score", "normalize", "reach_window", "requires",
-)  # fmt: skip
+    "name",
+    "algo",
+    "env",
+    "steps",
+    "seeds",
+    "overrides",
+    "threshold",
+    "need",
+    "band",
+    "source",
+    "score",
+    "normalize",
+    "reach_window",
+    "requires",
+)
 SCORES = ("training", "evaluation", "success")
 REACH_WINDOW = 20  # "steps to threshold": where the mean of the last 20 returns first met it
 # (a row's reach_window sets another count, e.g. 100 for "the mean of the last 100 reaches")
@@ -155,9 +167,11 @@ def load_suite(path: Path) -> Suite:
             raise UsageError(f"{at}: overrides must be a table of config fields")
         normalize = raw.get("normalize")
         if normalize is not None and not (
-            isinstance(normalize, list) and len(normalize) == 2
-            and all(_number(b) for b in normalize) and normalize[0] < normalize[1]
-        ):  # fmt: skip
+            isinstance(normalize, list)
+            and len(normalize) == 2
+            and all(_number(b) for b in normalize)
+            and normalize[0] < normalize[1]
+        ):
             raise UsageError(f"{at}: normalize must be [min, max] scores, min < max")
         reach_window = raw.get("reach_window", REACH_WINDOW)
         if not (type(reach_window) is int and reach_window >= 1) or (
@@ -165,9 +179,10 @@ def load_suite(path: Path) -> Suite:
         ):
             raise UsageError(f"{at}: reach_window is a number of returns >= 1, with a threshold")
         requires = raw.get("requires", {})
-        if not (isinstance(requires, dict) and all(
-            isinstance(spec, str) and _version_clauses(spec) for spec in requires.values()
-        )):  # fmt: skip
+        if not (
+            isinstance(requires, dict)
+            and all(isinstance(spec, str) and _version_clauses(spec) for spec in requires.values())
+        ):
             raise UsageError(
                 f'{at}: requires maps packages to versions, e.g. {{ mujoco = "<3.5" }} '
                 f"(got {requires!r})"
@@ -225,8 +240,14 @@ def _seeds(value: Any, where: str) -> list[int]:
 
 
 VERSION_CLAUSE = re.compile(r"\s*(<=|>=|==|!=|<|>)\s*(\d+(?:\.\d+)*)\s*")
-COMPARISONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-               "==": operator.eq, "!=": operator.ne}  # fmt: skip
+COMPARISONS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -270,9 +291,16 @@ def preflight(rows: list[Row]) -> None:
         check_atari_options(cfg)
         with warnings.catch_warnings():  # (an env's deprecation notes go to its runs' logs)
             warnings.simplefilter("ignore")
-            make_vec_env(row.env, 1, 0, "sync", algorithm=algos.get(row.algo),
-                         env_kwargs=parse_env_kwargs(cfg.env_kwargs), wrappers=cfg.wrapper,
-                         drop_obs_keys=cfg.drop_obs_keys).close()  # fmt: skip
+            make_vec_env(
+                row.env,
+                1,
+                0,
+                "sync",
+                algorithm=algos.get(row.algo),
+                env_kwargs=parse_env_kwargs(cfg.env_kwargs),
+                wrappers=cfg.wrapper,
+                drop_obs_keys=cfg.drop_obs_keys,
+            ).close()
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -332,11 +360,15 @@ def row_result(row: Row, runs: list[dict]) -> dict:
     mean, std = float(np.mean(scores)), float(np.std(scores))
     reached = [r["reached_at"] for r in runs if r["reached_at"] is not None]
     # the versions some seed ran on that the band was not scored under
-    other_versions = sorted({
-        f"{package} {version}"
-        for r in runs for package, spec in row.requires.items()
-        if (version := r.get("versions", {}).get(package)) and not version_satisfies(version, spec)
-    })  # fmt: skip
+    other_versions = sorted(
+        {
+            f"{package} {version}"
+            for r in runs
+            for package, spec in row.requires.items()
+            if (version := r.get("versions", {}).get(package))
+            and not version_satisfies(version, spec)
+        }
+    )
     return {
         "name": row.name,
         "algo": row.algo,
@@ -375,9 +407,12 @@ def made_where() -> str:
 
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-            capture_output=True, text=True, timeout=5,
-        ).stdout.strip()  # fmt: skip
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     at = f" at commit {commit}" if commit else ""
@@ -464,8 +499,12 @@ def run_order(rows: Sequence[Row], out_dir: Path) -> list[RunSpec]:
     row's second, and so on. A suite stopped partway (hours-long rows on a small machine)
     has then seen every row, not some rows' every seed."""
     per_row = [row.specs(out_dir) for row in rows]
-    return [specs[i] for i in range(max(map(len, per_row), default=0))
-            for specs in per_row if i < len(specs)]  # fmt: skip
+    return [
+        specs[i]
+        for i in range(max(map(len, per_row), default=0))
+        for specs in per_row
+        if i < len(specs)
+    ]
 
 
 def still_to_run(specs: Sequence[RunSpec], states: Sequence[str]) -> list[RunSpec]:
@@ -533,9 +572,12 @@ def ago(seconds: float) -> str:
 
 
 def status(
-    suite_arg: str, out: str | None = None, envs: Sequence[str] = (), algos: Sequence[str] = (),
+    suite_arg: str,
+    out: str | None = None,
+    envs: Sequence[str] = (),
+    algos: Sequence[str] = (),
     seeds: Sequence[int] = (),
-) -> int:  # fmt: skip
+) -> int:
     """`rlstore benchmark SUITE --status`: where each run stands (steps, score and steps to
     threshold so far, from a finished run's summary or a begun run's newest checkpoint) and
     the results of the rows whose every seed finished. Runs, writes and removes nothing."""
@@ -552,15 +594,20 @@ def status(
         for spec in row.specs(out_dir):
             state, summary, run_dir = spec.progress()
             counts[state] += 1
-            word = {"done": "finished", "begun": "begun", "started": "no checkpoint yet",
-                    "new": "not started"}[state]  # fmt: skip
+            word = {
+                "done": "finished",
+                "begun": "begun",
+                "started": "no checkpoint yet",
+                "new": "not started",
+            }[state]
             if state in ("begun", "started"):  # is it going on?
                 written = f"written {ago(time.time() - last_written(run_dir))} ago"
                 word += f", running ({written})" if holder(run_dir) else f", stopped ({written})"
             steps, score, reached, speed = 0, "-", "-", None
             if summary is not None:
-                result = run_result(summary, suite.window, row.threshold, row.score,
-                                    row.reach_window)  # fmt: skip
+                result = run_result(
+                    summary, suite.window, row.threshold, row.score, row.reach_window
+                )
                 runs.append((state, result))
                 steps = result["steps"]
                 score = f"{result['score']:,.1f}" if result["episodes"] else "-"
@@ -568,8 +615,10 @@ def status(
                     reached = f"{result['reached_at']:,}"
                 if steps and summary["wall_seconds"] > 0:  # (format 1 checkpoints: no time)
                     speed = result["steps_per_second"]
-            lines.append(f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
-                         f"{row.steps:,} | {score} | {band} | {reached} |")  # fmt: skip
+            lines.append(
+                f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
+                f"{row.steps:,} | {score} | {band} | {reached} |"
+            )
             progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, speed))
         if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
             finished_rows.append(row_result(row, [result for _, result in runs]))
@@ -581,15 +630,19 @@ def status(
         "(nothing was run or changed); "
         + (f"the suite is running (pid {suite_pid})" if suite_pid else "no suite runs it now")
     )
-    print(f"Score so far: the mean of the last {suite.window} training returns (rows scored "
-          "on evaluation: the newest evaluation); steps: the newest checkpoint's.\n")  # fmt: skip
+    print(
+        f"Score so far: the mean of the last {suite.window} training returns (rows scored "
+        "on evaluation: the newest evaluation); steps: the newest checkpoint's.\n"
+    )
     print("\n".join(lines))
     hours, unknown = core_hours_left(progress)
     if hours or unknown:
         cores = available_cores()
-        left = (f"\nLeft: about {hours:,.1f} core-hours of runs (each at its row's steps/s so "
-                f"far, or its algorithm's), {hours / cores:,.1f} hours on this machine's "
-                f"{plural(cores, 'core')}")  # fmt: skip
+        left = (
+            f"\nLeft: about {hours:,.1f} core-hours of runs (each at its row's steps/s so "
+            f"far, or its algorithm's), {hours / cores:,.1f} hours on this machine's "
+            f"{plural(cores, 'core')}"
+        )
         if unknown:
             left += "; not counted, with no run begun to time: " + ", ".join(unknown)
         print(left)
@@ -602,9 +655,12 @@ def status(
 
 
 def _suite_and_out(
-    suite_arg: str, out: str | None, envs: Sequence[str] = (), algos: Sequence[str] = (),
+    suite_arg: str,
+    out: str | None,
+    envs: Sequence[str] = (),
+    algos: Sequence[str] = (),
     seeds: Sequence[int] = (),
-) -> tuple[Suite, Path]:  # fmt: skip
+) -> tuple[Suite, Path]:
     """The suite, or the part of it that `envs`, `algos` and `seeds` name, and its output
     directory."""
     suite = suite_part(load_suite(find_suite(suite_arg)), envs, algos, seeds)
@@ -617,20 +673,31 @@ def suite_part(
     """The part of `suite` that --env, --algo and --seed name (each, when given: only the
     rows on these envs, of these algorithms, and of each row these seeds). A part's runs are
     the whole suite's, which reads them back."""
-    flags = [("--env", envs, lambda row: [row.env]), ("--algo", algos, lambda row: [row.algo]),
-             ("--seed", seeds, lambda row: row.seeds)]  # fmt: skip
+    flags = [
+        ("--env", envs, lambda row: [row.env]),
+        ("--algo", algos, lambda row: [row.algo]),
+        ("--seed", seeds, lambda row: row.seeds),
+    ]
     for flag, given, of_row in flags:
         known = list(dict.fromkeys(value for row in suite.rows for value in of_row(row)))
         for value in given:
             if value not in known:
-                raise UsageError(f"suite {suite.name} has no row with {flag} {value}; its "
-                                 f"{flag[2:]}s: " + ", ".join(map(str, known)))  # fmt: skip
-    rows = [row for row in suite.rows
-            if (not envs or row.env in envs) and (not algos or row.algo in algos)]  # fmt: skip
+                raise UsageError(
+                    f"suite {suite.name} has no row with {flag} {value}; its "
+                    f"{flag[2:]}s: " + ", ".join(map(str, known))
+                )
+    rows = [
+        row
+        for row in suite.rows
+        if (not envs or row.env in envs) and (not algos or row.algo in algos)
+    ]
     if seeds:  # each row's seeds among them; a row's `need` is at most the seeds it keeps
         kept = [(row, [seed for seed in row.seeds if seed in seeds]) for row in rows]
-        rows = [replace(row, seeds=ours, need=row.need and min(row.need, len(ours)))
-                for row, ours in kept if ours]  # fmt: skip
+        rows = [
+            replace(row, seeds=ours, need=row.need and min(row.need, len(ours)))
+            for row, ours in kept
+            if ours
+        ]
     if not rows:
         named = [f"{flag} {' '.join(map(str, given))}" for flag, given, _ in flags if given]
         raise UsageError(f"suite {suite.name} has no row with all of {' '.join(named)}")
@@ -694,8 +761,11 @@ def _run_suite(suite: Suite, out_dir: Path, executor: Any, address: str | None, 
     def on_done(spec: RunSpec, status: int) -> None:
         ended.append(spec)
         word = {0: "finished", 130: "interrupted", 143: "interrupted"}.get(status, "FAILED")
-        print(f"  [{len(ended)}/{len(todo)}] {spec.label}: {word} "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"  [{len(ended)}/{len(todo)}] {spec.label}: {word} "
+            f"({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
         if word == "FAILED":
             failed.append(spec)
 

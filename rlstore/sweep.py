@@ -37,9 +37,17 @@ from rlstore.executor import (
 from rlstore.text import plural
 
 SPEC_KEYS = (
-    "algo", "env", "steps", "seeds", "trials", "reports", "early_stop", "search_seed", "base",
+    "algo",
+    "env",
+    "steps",
+    "seeds",
+    "trials",
+    "reports",
+    "early_stop",
+    "search_seed",
+    "base",
     "space",
-)  # fmt: skip
+)
 DISTRIBUTIONS = ("uniform", "log_uniform", "int", "choice")
 WINDOW = 100  # episodes in a run's score
 
@@ -104,8 +112,10 @@ def load_spec(path: Path) -> SweepSpec:
     ):
         raise UsageError(f"{path}: seeds must be a non-empty list of whole numbers")
     if set(spec.base) & set(spec.space):
-        raise UsageError(f"{path}: {', '.join(set(spec.base) & set(spec.space))} is in both "
-                         "base and space; keep it in one")  # fmt: skip
+        raise UsageError(
+            f"{path}: {', '.join(set(spec.base) & set(spec.space))} is in both "
+            "base and space; keep it in one"
+        )
     # Every field must exist and take its values: try the space's ends on top of base.
     for corner in (0, -1):
         params = {name: _values(dist)[corner] for name, dist in space.items()}
@@ -285,13 +295,15 @@ def sweep(
     for result in results:
         metrics = result.metrics or {}
         finished = metrics.get("seeds_done") == len(spec.seeds)
-        trials.append({
-            "trial": metrics.get("trial_id") or Path(result.path).name,
-            "params": {k: plain(result.config[k]) for k in spec.space},
-            "score": metrics.get("score"),
-            "finished": finished,
-            "seed_scores": metrics.get("seed_scores"),
-        })  # fmt: skip
+        trials.append(
+            {
+                "trial": metrics.get("trial_id") or Path(result.path).name,
+                "params": {k: plain(result.config[k]) for k in spec.space},
+                "score": metrics.get("score"),
+                "finished": finished,
+                "seed_scores": metrics.get("seed_scores"),
+            }
+        )
     done = sorted((t for t in trials if t["finished"]), key=lambda t: -t["score"])
     (out_dir / "trials.json").write_text(json.dumps(trials, indent=1) + "\n")
     stopped = f", {len(trials) - len(done)} stopped early" if len(done) < len(trials) else ""

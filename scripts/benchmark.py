@@ -118,8 +118,14 @@ def child_rlstore(
     from rlstore.config import resolve
 
     with tempfile.TemporaryDirectory() as logdir:
-        overrides = dict(seed=seed, total_timesteps=steps, logdir=logdir, progress=False,
-                         device=device, checkpoint_every=0)  # fmt: skip
+        overrides = dict(
+            seed=seed,
+            total_timesteps=steps,
+            logdir=logdir,
+            progress=False,
+            device=device,
+            checkpoint_every=0,
+        )
         if algo == "ppo" and ppo_envs:  # asked for: over the preset and any config file
             overrides["num_envs"] = ppo_envs
         if config:
@@ -171,16 +177,31 @@ def child_sb3(
     watch = Watch()
     # What both PPO settings share (rlstore's defaults): GAE 0.95, clip 0.2 on the policy
     # and the value, value coef 0.5, max grad norm 0.5, a linearly annealed learning rate.
-    ppo_common = dict(gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
-                      vf_coef=0.5, max_grad_norm=0.5, seed=seed, device=device)  # fmt: skip
+    ppo_common = dict(
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        clip_range_vf=0.2,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        seed=seed,
+        device=device,
+    )
     if algo in OFF_POLICY:  # CleanRL's defaults, as rlstore's SAC, TD3 and DDPG
         import numpy as np
         from stable_baselines3.common.noise import NormalActionNoise
 
         envs = make_vec_env(env, n_envs=1, seed=seed)
-        common = dict(buffer_size=1_000_000, learning_starts=offpolicy_starts, batch_size=256,
-                      tau=0.005, gamma=0.99, policy_kwargs={"net_arch": [256, 256]},
-                      seed=seed, device=device)  # fmt: skip
+        common = dict(
+            buffer_size=1_000_000,
+            learning_starts=offpolicy_starts,
+            batch_size=256,
+            tau=0.005,
+            gamma=0.99,
+            policy_kwargs={"net_arch": [256, 256]},
+            seed=seed,
+            device=device,
+        )
         if algo == "sac":
             model = SAC("MlpPolicy", envs, learning_rate=3e-4, ent_coef="auto", **common)
         else:
@@ -190,8 +211,15 @@ def child_sb3(
             if algo == "ddpg":  # CleanRL's DDPG: TD3 with one critic and no smoothing
                 smoothing = dict(target_policy_noise=0.0, target_noise_clip=0.0)
                 common["policy_kwargs"] = {**common["policy_kwargs"], "n_critics": 1}
-            model = TD3("MlpPolicy", envs, learning_rate=3e-4, action_noise=noise,
-                        policy_delay=2, **smoothing, **common)  # fmt: skip
+            model = TD3(
+                "MlpPolicy",
+                envs,
+                learning_rate=3e-4,
+                action_noise=noise,
+                policy_delay=2,
+                **smoothing,
+                **common,
+            )
     elif algo == "ppo_lstm":
         model = sb3_recurrent_ppo(env, seed, device)
     elif is_atari_id(env):  # PPO's Atari defaults, as rlstore's configs/ppo/atari.toml
@@ -207,29 +235,61 @@ def child_sb3(
         # 4 frames themselves and stick actions: both off, so the wrapper does the skipping.
         env_kwargs = {"frameskip": 1, "repeat_action_probability": 0.0} if "/" in env else {}
         envs = make_atari_env(env, n_envs=ppo_envs, seed=seed, env_kwargs=env_kwargs)
-        model = PPO("CnnPolicy", VecFrameStack(envs, 4), n_steps=128,
-                    batch_size=ppo_envs * 128 // 4, n_epochs=4,  # 4 minibatches
-                    learning_rate=lambda f: 2.5e-4 * f, ent_coef=0.01,
-                    **{**ppo_common, "clip_range": 0.1, "clip_range_vf": 0.1})  # fmt: skip
+        model = PPO(
+            "CnnPolicy",
+            VecFrameStack(envs, 4),
+            n_steps=128,
+            batch_size=ppo_envs * 128 // 4,
+            n_epochs=4,  # 4 minibatches
+            learning_rate=lambda f: 2.5e-4 * f,
+            ent_coef=0.01,
+            **{**ppo_common, "clip_range": 0.1, "clip_range_vf": 0.1},
+        )
     elif env != "CartPole-v1":  # PPO's MuJoCo defaults, as rlstore's configs/ppo/mujoco.toml
         from stable_baselines3.common.vec_env import VecNormalize
 
         envs = VecNormalize(make_vec_env(env, n_envs=1, seed=seed), gamma=0.99)
-        model = PPO("MlpPolicy", envs, n_steps=2048, batch_size=64, n_epochs=10,  # 32 minibatches
-                    learning_rate=lambda f: 3e-4 * f, ent_coef=0.0, **ppo_common)  # fmt: skip
+        model = PPO(
+            "MlpPolicy",
+            envs,
+            n_steps=2048,
+            batch_size=64,
+            n_epochs=10,  # 32 minibatches
+            learning_rate=lambda f: 3e-4 * f,
+            ent_coef=0.0,
+            **ppo_common,
+        )
     elif algo == "a2c":  # rlstore's A2C on CartPole-v1: its defaults and preset (8 envs)
         from stable_baselines3 import A2C
 
         envs = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-        model = A2C("MlpPolicy", envs, n_steps=5, learning_rate=7e-4, gamma=0.99,
-                    gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
-                    rms_prop_eps=1e-5, normalize_advantage=False, seed=seed,
-                    device=device)  # fmt: skip
+        model = A2C(
+            "MlpPolicy",
+            envs,
+            n_steps=5,
+            learning_rate=7e-4,
+            gamma=0.99,
+            gae_lambda=1.0,
+            ent_coef=0.0,
+            vf_coef=0.5,
+            max_grad_norm=0.5,
+            rms_prop_eps=1e-5,
+            normalize_advantage=False,
+            seed=seed,
+            device=device,
+        )
     elif algo == "ppo":
         envs = make_vec_env("CartPole-v1", n_envs=ppo_envs, seed=seed)
-        model = PPO("MlpPolicy", envs, n_steps=128, batch_size=ppo_envs * 128 // 4,  # 4 minibatches
-                    n_epochs=4, learning_rate=lambda f: 2.5e-4 * f, ent_coef=0.01,
-                    **ppo_common)  # fmt: skip
+        model = PPO(
+            "MlpPolicy",
+            envs,
+            n_steps=128,
+            batch_size=ppo_envs * 128 // 4,  # 4 minibatches
+            n_epochs=4,
+            learning_rate=lambda f: 2.5e-4 * f,
+            ent_coef=0.01,
+            **ppo_common,
+        )
     else:
         envs = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
         model = DQN(
@@ -275,10 +335,20 @@ def sb3_recurrent_ppo(
 
     register()  # CartPoleNoVel-v1 and PendulumNoVel-v1, for gymnasium.make
     envs = VecNormalize(make_vec_env(env, n_envs=8, seed=seed), gamma=0.98)
-    return RecurrentPPO("MlpLstmPolicy", envs, n_steps=n_steps, batch_size=256,
-                        n_epochs=n_epochs, gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
-                        learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
-                        seed=seed, device=device)  # fmt: skip
+    return RecurrentPPO(
+        "MlpLstmPolicy",
+        envs,
+        n_steps=n_steps,
+        batch_size=256,
+        n_epochs=n_epochs,
+        gae_lambda=0.8,
+        gamma=0.98,
+        ent_coef=0.0,
+        learning_rate=lambda f: 1e-3 * f,
+        clip_range=lambda f: 0.2 * f,
+        seed=seed,
+        device=device,
+    )
 
 
 def is_atari_id(env: str) -> bool:
@@ -317,8 +387,9 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     env_s = per_call(lambda: envs.step(action), n=2000 if not is_atari_id(env) else 300)
     space = envs.single_observation_space
     net = actor_critic_for(space, envs.single_action_space).to(device)
-    obs = torch.zeros(num_envs, *space.shape, dtype=torch.uint8 if is_atari_id(env) else None,
-                      device=device)  # fmt: skip
+    obs = torch.zeros(
+        num_envs, *space.shape, dtype=torch.uint8 if is_atari_id(env) else None, device=device
+    )
 
     def forward():  # the forward ends at the env boundary: actions on the host
         if is_atari_id(env):  # the Nature CNN trunk is shared
@@ -347,8 +418,13 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
     from rlstore.algos._on_policy import build_actor_critic, collect_rollout
 
     with tempfile.TemporaryDirectory() as logdir:
-        overrides = dict(logdir=logdir, device=device_name, progress=False,
-                         track_tensorboard=False, num_envs=num_envs)  # fmt: skip
+        overrides = dict(
+            logdir=logdir,
+            device=device_name,
+            progress=False,
+            track_tensorboard=False,
+            num_envs=num_envs,
+        )
         cfg = resolve("ppo", env, overrides)[0]
         run = Run(cfg, "ppo")
         agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), run.device)
@@ -377,9 +453,13 @@ OFF_POLICY = ("sac", "td3", "ddpg")
 
 
 def offpolicy_step_products(
-    algo: str, obs_dim: int, action_dim: int, hidden=(256, 256), batch: int = 256,
+    algo: str,
+    obs_dim: int,
+    action_dim: int,
+    hidden=(256, 256),
+    batch: int = 256,
     policy_frequency: int = 2,
-) -> list[tuple[int, int, int, float]]:  # fmt: skip
+) -> list[tuple[int, int, int, float]]:
     """The matrix products of one gradient step as CleanRL's algorithm computes them, each
     (m, k, n, how many per gradient step, averaged over the policy delay): forward passes,
     weight gradients, and input gradients where the backward pass needs them (not into
@@ -415,11 +495,16 @@ def offpolicy_step_products(
     return [(*p, 1.0) for p in every_step] + [(*p, 1.0 / policy_frequency) for p in delayed]
 
 
-def offpolicy_step_flops(algo: str, obs_dim: int, action_dim: int, hidden=(256, 256),
-                         batch: int = 256, policy_frequency: int = 2) -> float:  # fmt: skip
+def offpolicy_step_flops(
+    algo: str,
+    obs_dim: int,
+    action_dim: int,
+    hidden=(256, 256),
+    batch: int = 256,
+    policy_frequency: int = 2,
+) -> float:
     """FLOPs of the matrix products of one gradient step (offpolicy_step_products)."""
-    products = offpolicy_step_products(algo, obs_dim, action_dim, hidden, batch,
-                                       policy_frequency)  # fmt: skip
+    products = offpolicy_step_products(algo, obs_dim, action_dim, hidden, batch, policy_frequency)
     return sum(2.0 * m * k * n * times for m, k, n, times in products)
 
 
@@ -462,9 +547,14 @@ def child_offpolicy_floor(algo: str, env: str, threads: int) -> dict:
         bare_s.append(seconds)
     rate = 2 * 256**3 / statistics.median(cube_s)
     flops = offpolicy_step_flops(algo, obs_dim, action_dim)
-    return {"algo": algo, "threads": threads, "gflops_per_s": rate / 1e9,
-            "step_gflop": flops / 1e9, "floor_sps": rate / flops,
-            "bare_products_sps": 1.0 / statistics.median(bare_s)}  # fmt: skip
+    return {
+        "algo": algo,
+        "threads": threads,
+        "gflops_per_s": rate / 1e9,
+        "step_gflop": flops / 1e9,
+        "floor_sps": rate / flops,
+        "bare_products_sps": 1.0 / statistics.median(bare_s),
+    }
 
 
 def child_main(spec: dict) -> None:
@@ -517,7 +607,7 @@ def run_parallel(k: int, algo: str, steps: int, extra: list[str], env: str = "Ca
                 stderr=subprocess.PIPE,
                 text=True,
                 env=USER_ENV,
-            )  # fmt: skip
+            )
             for seed in range(1, k + 1)
         ]
         outputs = [proc.communicate(timeout=7200) for proc in procs]
@@ -546,11 +636,18 @@ def parallel_main(args: argparse.Namespace) -> None:
         )
     base = next((r["aggregate_sps"] for r in results if r["k"] == 1), None)
     command = " ".join(
-        ["python scripts/benchmark.py --parallel", *map(str, args.parallel),
-         "--parallel-algo", args.parallel_algo, "--parallel-env", args.parallel_env,
-         "--parallel-steps", str(args.parallel_steps),
-         *(["--extra", *args.extra] if args.extra else [])]
-    )  # fmt: skip
+        [
+            "python scripts/benchmark.py --parallel",
+            *map(str, args.parallel),
+            "--parallel-algo",
+            args.parallel_algo,
+            "--parallel-env",
+            args.parallel_env,
+            "--parallel-steps",
+            str(args.parallel_steps),
+            *(["--extra", *args.extra] if args.extra else []),
+        ]
+    )
     lines = [
         f"# Runs sharing the machine: {args.parallel_algo} on {args.parallel_env}",
         "",
@@ -679,8 +776,11 @@ def main() -> None:
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")
     runs = []
     for algo in args.algos:
-        steps = {"dqn": args.dqn_steps, "ppo_lstm": args.lstm_steps,
-                 **dict.fromkeys(OFF_POLICY, args.offpolicy_steps)}  # fmt: skip
+        steps = {
+            "dqn": args.dqn_steps,
+            "ppo_lstm": args.lstm_steps,
+            **dict.fromkeys(OFF_POLICY, args.offpolicy_steps),
+        }
         steps = steps.get(algo, args.ppo_steps)
         for seed in args.seeds:
             for trainer in trainers:  # alternate, so machine noise hits both
@@ -808,8 +908,9 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
     """The SAC, TD3 and DDPG report: the runs, the ratios to SB3, and each algorithm's
     steps/s as a fraction of its update's floor at the threads the runs used."""
     threads = 1 if not args.default_threads else available_threads()
-    floors = {a: launch(kind="offpolicy_floor", algo=a, env=args.env, threads=threads)
-              for a in args.algos}  # fmt: skip
+    floors = {
+        a: launch(kind="offpolicy_floor", algo=a, env=args.env, threads=threads) for a in args.algos
+    }
     names = [a.upper() for a in args.algos]
     names = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
     lines = [
@@ -825,7 +926,7 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
             f"MLPs; SB3: torch's, {threads} here; the floor at {threads})"
             if args.default_threads
             else "with one thread"
-        )  # fmt: skip
+        )
         + f", the trainers alternating; {args.offpolicy_steps - args.offpolicy_starts:,} of "
         f"the {args.offpolicy_steps:,} steps take a gradient step.",
         "",
@@ -833,14 +934,17 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
         "|---|---|---|---|---|---|",
     ]
     for r in runs:
-        lines.append(f"| {r['trainer']} | {r['algo']} | {r['seed']} | {r['steps']:,} | "
-                     f"{r['sps']:,.1f} | {r['peak_rss_mb']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['trainer']} | {r['algo']} | {r['seed']} | {r['steps']:,} | "
+            f"{r['sps']:,.1f} | {r['peak_rss_mb']:.0f} |"
+        )
     lines += ["", "Medians, ratios (rlstore / SB3) and the floor:", ""]
     summary = {}
     for algo in args.algos:
-        med = {t: statistics.median(r["sps"] for r in runs
-                                    if r["algo"] == algo and r["trainer"] == t)
-               for t in trainers}  # fmt: skip
+        med = {
+            t: statistics.median(r["sps"] for r in runs if r["algo"] == algo and r["trainer"] == t)
+            for t in trainers
+        }
         floor = floors[algo]
         # the steps/s a run would reach if every gradient step ran at the floor, with the
         # random-action steps before learning starts counted as free

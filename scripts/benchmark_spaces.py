@@ -47,12 +47,26 @@ def sb3_run(row: str, steps: int, seed: int) -> None:
     import torch
     from stable_baselines3.common.env_util import make_vec_env
 
-    kwargs = dict(n_steps=128, batch_size=128, n_epochs=4, learning_rate=2.5e-4, gamma=0.99,
-                  gae_lambda=0.95, clip_range=0.2, ent_coef=0.01, vf_coef=0.5,
-                  max_grad_norm=0.5, seed=seed, verbose=0, device="cpu",
-                  policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]),
-                                     activation_fn=torch.nn.Tanh,
-                                     optimizer_kwargs=dict(eps=1e-5)))  # fmt: skip
+    kwargs = dict(
+        n_steps=128,
+        batch_size=128,
+        n_epochs=4,
+        learning_rate=2.5e-4,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        seed=seed,
+        verbose=0,
+        device="cpu",
+        policy_kwargs=dict(
+            net_arch=dict(pi=[64, 64], vf=[64, 64]),
+            activation_fn=torch.nn.Tanh,
+            optimizer_kwargs=dict(eps=1e-5),
+        ),
+    )
     if row == "taxi":
         from sb3_contrib import MaskablePPO
         from sb3_contrib.common.wrappers import ActionMasker
@@ -84,9 +98,23 @@ def sb3_run(row: str, steps: int, seed: int) -> None:
 def launch(trainer: str, row: str, steps: int, seed: int) -> subprocess.Popen:
     if trainer == "rlstore":
         logdir = str(ROOT / "runs" / "bench-spaces")
-        command = ["rlstore", "train", "ppo", "--env", ROWS[row]["env"], *ROWS[row]["rlstore"],
-                   "--total-timesteps", str(steps), "--seed", str(seed), "--no-progress",
-                   "--checkpoint-every", "0", "--logdir", logdir]  # fmt: skip
+        command = [
+            "rlstore",
+            "train",
+            "ppo",
+            "--env",
+            ROWS[row]["env"],
+            *ROWS[row]["rlstore"],
+            "--total-timesteps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--no-progress",
+            "--checkpoint-every",
+            "0",
+            "--logdir",
+            logdir,
+        ]
     else:
         command = [sys.executable, __file__, "--sb3-child", row, str(steps), str(seed)]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -102,8 +130,14 @@ def side_by_side(trainer: str, row: str, steps: int, k: int) -> dict:
         if proc.returncode:
             raise SystemExit(f"{trainer} {row} failed:\n{err[-2000:]}")
         ends.append(time.perf_counter() - start)
-    return {"trainer": trainer, "row": row, "k": k, "steps": steps,
-            "seconds": ends, "sps": sum(steps / t for t in ends)}  # fmt: skip
+    return {
+        "trainer": trainer,
+        "row": row,
+        "k": k,
+        "steps": steps,
+        "seconds": ends,
+        "sps": sum(steps / t for t in ends),
+    }
 
 
 def main() -> None:
@@ -124,23 +158,32 @@ def main() -> None:
             for trainer in ("rlstore", "sb3"):  # alternating, the same machine state
                 results.append(side_by_side(trainer, row, args.steps, k))
                 print(json.dumps(results[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     machine = f"{os.cpu_count()}-core {platform.machine()}, {time.strftime('%Y-%m-%d')}"
-    lines = ["# Spaces benchmark: rlstore vs SB3 (scripts/benchmark_spaces.py)", "",
-             f"`python scripts/benchmark_spaces.py --steps {args.steps} --parallel "
-             f"{' '.join(map(str, args.parallel))}` on this {machine}, commit {commit}; PPO, "
-             "default options and threads; aggregate env steps/s of K runs at once, launch "
-             "to end (the module docstring says what each side runs).", "",
-             "| row | K | rlstore steps/s | SB3 steps/s | rlstore / SB3 |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Spaces benchmark: rlstore vs SB3 (scripts/benchmark_spaces.py)",
+        "",
+        f"`python scripts/benchmark_spaces.py --steps {args.steps} --parallel "
+        f"{' '.join(map(str, args.parallel))}` on this {machine}, commit {commit}; PPO, "
+        "default options and threads; aggregate env steps/s of K runs at once, launch "
+        "to end (the module docstring says what each side runs).",
+        "",
+        "| row | K | rlstore steps/s | SB3 steps/s | rlstore / SB3 |",
+        "|---|---|---|---|---|",
+    ]
     for row in args.rows:
         for k in args.parallel:
-            mine, theirs = (next(r for r in results if r["row"] == row and r["k"] == k
-                                 and r["trainer"] == t) for t in ("rlstore", "sb3"))  # fmt: skip
+            mine, theirs = (
+                next(r for r in results if r["row"] == row and r["k"] == k and r["trainer"] == t)
+                for t in ("rlstore", "sb3")
+            )
             ratio = mine["sps"] / theirs["sps"]
-            lines.append(f"| {row} ({ROWS[row]['env']}) | {k} | {mine['sps']:,.0f} | "
-                         f"{theirs['sps']:,.0f} | {ratio:.1f}x |")  # fmt: skip
+            lines.append(
+                f"| {row} ({ROWS[row]['env']}) | {k} | {mine['sps']:,.0f} | "
+                f"{theirs['sps']:,.0f} | {ratio:.1f}x |"
+            )
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

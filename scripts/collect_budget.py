@@ -79,8 +79,11 @@ def main() -> None:
     print("|---|" + "---|" * len(runs))
     for key, label in PIECES.items():
         cells = [f"{spent.get(key, 0.0) / steps * 1e6:.1f}" for spent, steps in runs.values()]
-        print(f"| {label.strip() if key == 'collect' else '- ' + label.strip()} | "
-              + " | ".join(cells) + " |")  # fmt: skip
+        print(
+            f"| {label.strip() if key == 'collect' else '- ' + label.strip()} | "
+            + " | ".join(cells)
+            + " |"
+        )
     rest = []
     for spent, steps in runs.values():
         inner = sum(spent.get(key, 0.0) for key in PIECES if key != "collect")

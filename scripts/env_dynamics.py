@@ -46,8 +46,11 @@ def record(env_id: str, out: Path, episodes: int = 5, max_steps: int = 1000) -> 
             terminations.append(terminated)
             if terminated or truncated:
                 break
-        arrays |= {f"obs{episode}": np.array(observations), f"rew{episode}": np.array(rewards),
-                   f"term{episode}": np.array(terminations)}  # fmt: skip
+        arrays |= {
+            f"obs{episode}": np.array(observations),
+            f"rew{episode}": np.array(rewards),
+            f"term{episode}": np.array(terminations),
+        }
     env.close()
     versions = f"gymnasium {installed('gymnasium')}, mujoco {installed('mujoco')}"
     with open(out, "wb") as file:  # a path, np.savez would add .npz to a name without it
@@ -68,16 +71,20 @@ def compare(first: Path, second: Path, tolerance: float = 1e-9) -> str:
         if len(obs_a) == len(obs_b) and gap.max() <= tolerance:
             lines.append(f"episode {episode}: equal to {gap.max():.0e} ({lengths}, {returns})")
         elif gap.max() <= tolerance:  # the same steps while both ran, then one ended
-            lines.append(f"episode {episode}: equal to {gap.max():.0e} for {n - 1} steps, "
-                         f"then one ended ({lengths}, {returns})")  # fmt: skip
+            lines.append(
+                f"episode {episode}: equal to {gap.max():.0e} for {n - 1} steps, "
+                f"then one ended ({lengths}, {returns})"
+            )
         else:
             step = int(np.argmax(gap > tolerance))
             # a gap that grows smoothly from rounding is chaos amplifying the last digits;
             # one that jumps from rounding to centimetres in a step is other physics
             before = f"{gap[step - 1]:.0e} the step before" if step else "at the reset"
-            lines.append(f"episode {episode}: differs from step {step}: {before}, "
-                         f"{gap[step]:.1e} there, {gap.max():.2g} at most "
-                         f"({lengths}, {returns})")  # fmt: skip
+            lines.append(
+                f"episode {episode}: differs from step {step}: {before}, "
+                f"{gap[step]:.1e} there, {gap.max():.2g} at most "
+                f"({lengths}, {returns})"
+            )
     return "\n".join(lines)
 
 

@@ -31,9 +31,24 @@ CASES = [
 
 
 def one_run(algo: str, env: str, steps: int, every: int, seed: int, logdir: Path) -> dict:
-    command = [sys.executable, "-m", "rlstore", "train", algo, "--env", env, "--seed", str(seed),
-               "--total-timesteps", str(steps), "--logdir", str(logdir), "--no-progress",
-               "--checkpoint-every", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlstore",
+        "train",
+        algo,
+        "--env",
+        env,
+        "--seed",
+        str(seed),
+        "--total-timesteps",
+        str(steps),
+        "--logdir",
+        str(logdir),
+        "--no-progress",
+        "--checkpoint-every",
+        "0",
+    ]
     if every:
         command += ["--eval-every", str(every)]
     subprocess.run(command, check=True, capture_output=True)
@@ -63,19 +78,30 @@ def main() -> None:
             for seed in args.seeds:
                 for mode in ("off", "on"):  # alternating: a noisy machine hits both alike
                     logdir = Path(tmp) / f"{mode}{seed}"
-                    runs[mode].append(one_run(algo, env, steps, every if mode == "on" else 0,
-                                              seed, logdir))  # fmt: skip
+                    runs[mode].append(
+                        one_run(algo, env, steps, every if mode == "on" else 0, seed, logdir)
+                    )
         off = statistics.median(r["steps_per_second"] for r in runs["off"])
         on = statistics.median(r["steps_per_second"] for r in runs["on"])
         eval_steps = statistics.median(r["eval_env_steps"] for r in runs["on"])
-        rows.append({
-            "algo": algo, "env": env, "steps": steps, "eval_every": every,
-            "evaluations": runs["on"][0]["evaluations"], "eval_env_steps": eval_steps,
-            "off_sps": off, "on_sps": on, "ratio": on / off, "runs": runs,
-        })  # fmt: skip
+        rows.append(
+            {
+                "algo": algo,
+                "env": env,
+                "steps": steps,
+                "eval_every": every,
+                "evaluations": runs["on"][0]["evaluations"],
+                "eval_env_steps": eval_steps,
+                "off_sps": off,
+                "on_sps": on,
+                "ratio": on / off,
+                "runs": runs,
+            }
+        )
         print(f"{algo} {env}: {off:,.0f} -> {on:,.0f} steps/s (x{on / off:.3f})", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     made = f"at commit {commit} on {platform.machine()}, {time.strftime('%Y-%m-%d')}"
     seeds = " ".join(map(str, args.seeds))
     command = f"python scripts/eval_cost.py --seeds {seeds}" + (" --quick" if args.quick else "")
@@ -98,8 +124,9 @@ def main() -> None:
             f"{r['on_sps']:,.0f} | x{r['ratio']:.3f} |"
         )
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
-    Path(args.out + ".json").write_text(json.dumps({"command": command, "made": made,
-                                                    "rows": rows}, indent=1))  # fmt: skip
+    Path(args.out + ".json").write_text(
+        json.dumps({"command": command, "made": made, "rows": rows}, indent=1)
+    )
     print(f"written {args.out}.md and .json")
 
 

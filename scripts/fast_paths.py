@@ -51,8 +51,14 @@ def ppo_minibatch_step() -> tuple[str, float, float]:
     agent = ActorCritic(4, 2)
     optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5, fused=True)
     f32 = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))  # noqa: E731
-    batch = RolloutBatch(f32(128, 4), torch.from_numpy(rng.integers(0, 2, 128)), f32(128) - 0.7,
-                         f32(128), f32(128), f32(128))  # fmt: skip
+    batch = RolloutBatch(
+        f32(128, 4),
+        torch.from_numpy(rng.integers(0, 2, 128)),
+        f32(128) - 0.7,
+        f32(128),
+        f32(128),
+        f32(128),
+    )
 
     def torch_step():
         log_prob, entropy, value = agent.evaluate(batch.obs, batch.actions)
@@ -63,9 +69,11 @@ def ppo_minibatch_step() -> tuple[str, float, float]:
         optimizer.step()
 
     fast = HostPPOStep(agent, optimizer)
-    return ("HostPPOStep: a PPO minibatch step, 128 CartPole transitions",
-            per_call_us(torch_step, n=300),
-            per_call_us(lambda: fast(batch, cfg, diagnostics=False), n=300))  # fmt: skip
+    return (
+        "HostPPOStep: a PPO minibatch step, 128 CartPole transitions",
+        per_call_us(torch_step, n=300),
+        per_call_us(lambda: fast(batch, cfg, diagnostics=False), n=300),
+    )
 
 
 def dqn_gradient_step() -> tuple[str, float, float]:
@@ -81,9 +89,16 @@ def dqn_gradient_step() -> tuple[str, float, float]:
     target = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=2.5e-4, fused=True)
     f32 = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))  # noqa: E731
-    batch = ReplayBatch(f32(128, 4), torch.from_numpy(rng.integers(0, 2, 128)), f32(128),
-                        f32(128, 4), torch.zeros(128, dtype=torch.bool), torch.full((128,), 0.99),
-                        torch.ones(128), torch.arange(128))  # fmt: skip
+    batch = ReplayBatch(
+        f32(128, 4),
+        torch.from_numpy(rng.integers(0, 2, 128)),
+        f32(128),
+        f32(128, 4),
+        torch.zeros(128, dtype=torch.bool),
+        torch.full((128,), 0.99),
+        torch.ones(128),
+        torch.arange(128),
+    )
 
     def torch_step():
         loss = td_loss(q_network, target, batch, cfg)[0]
@@ -161,8 +176,13 @@ def main() -> None:
         return action.numpy(), log_prob.numpy(), value.numpy()
 
     host_us = per_call_us(lambda: agent.act_on_host(obs4_host))
-    rows.append(("HostActorCritic: PPO's act (forward and sampling), 4 host obs",
-                 per_call_us(torch_act), host_us))  # fmt: skip
+    rows.append(
+        (
+            "HostActorCritic: PPO's act (forward and sampling), 4 host obs",
+            per_call_us(torch_act),
+            host_us,
+        )
+    )
     rows.append(collect_step())
     rows.append(ppo_minibatch_step())
     rows.append(dqn_gradient_step())
@@ -175,8 +195,13 @@ def main() -> None:
         with torch.inference_mode():
             return q_network(torch.from_numpy(obs1)).argmax(-1).numpy()
 
-    rows.append(("GreedyActor: DQN's argmax Q, 1 host obs", per_call_us(torch_argmax),
-                 per_call_us(lambda: greedy(obs1))))  # fmt: skip
+    rows.append(
+        (
+            "GreedyActor: DQN's argmax Q, 1 host obs",
+            per_call_us(torch_argmax),
+            per_call_us(lambda: greedy(obs1)),
+        )
+    )
 
     for num_envs in (1, 4):
         env_fns = [lambda: gym.make("CartPole-v1")] * num_envs
@@ -184,9 +209,13 @@ def main() -> None:
         lean.reset(seed=0)
         sync.reset(seed=0)
         action = np.zeros(num_envs, dtype=np.int64)
-        rows.append((f"LeanSyncVectorEnv: one step of {num_envs} CartPole env(s)",
-                     per_call_us(lambda: sync.step(action)),  # noqa: B023
-                     per_call_us(lambda: lean.step(action))))  # noqa: B023  # fmt: skip
+        rows.append(
+            (
+                f"LeanSyncVectorEnv: one step of {num_envs} CartPole env(s)",
+                per_call_us(lambda: sync.step(action)),  # noqa: B023
+                per_call_us(lambda: lean.step(action)),  # noqa: B023
+            )
+        )
     native = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="vector_entry_point")
     native.reset(seed=0)
     native_us = per_call_us(lambda: native.step(np.zeros(4, dtype=np.int64)))
@@ -202,8 +231,7 @@ def main() -> None:
     torch.set_flush_denormal(True)
     fast = per_call_us(adam_step, n=300)
     torch.set_flush_denormal(False)
-    rows.append(("flush_denormals: Adam's m / (sqrt(v) + eps), v decayed to denormal", slow,
-                 fast))  # fmt: skip
+    rows.append(("flush_denormals: Adam's m / (sqrt(v) + eps), v decayed to denormal", slow, fast))
 
     print("| fast path: what is timed | plain, us | fast, us | speed-up |")
     print("|---|---|---|---|")
@@ -234,10 +262,25 @@ def whole_runs(repeats: int) -> None:
             for _ in range(repeats):
                 for mode in ("auto", "off"):
                     out = subprocess.run(
-                        [sys.executable, "-m", "rlstore", "train", algo, *flags, "--fast-paths",
-                         mode, "--logdir", logdir, "--no-progress", "--checkpoint-every", "0"],
-                        capture_output=True, text=True, check=True,
-                    ).stdout  # fmt: skip
+                        [
+                            sys.executable,
+                            "-m",
+                            "rlstore",
+                            "train",
+                            algo,
+                            *flags,
+                            "--fast-paths",
+                            mode,
+                            "--logdir",
+                            logdir,
+                            "--no-progress",
+                            "--checkpoint-every",
+                            "0",
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout
                     found = re.search(r"\(([\d,]+) steps/s\)", out)
                     sps.setdefault((algo, mode), []).append(float(found[1].replace(",", "")))
     print("| algorithm | env | steps | --fast-paths off, steps/s | auto, steps/s | speed-up |")
@@ -245,8 +288,9 @@ def whole_runs(repeats: int) -> None:
     for algo, flags in WHOLE_RUNS.items():
         off, auto = (statistics.median(sps[algo, mode]) for mode in ("off", "auto"))
         env = flags[flags.index("--env") + 1] if "--env" in flags else "CartPole-v1"
-        print(f"| {algo} | {env} | {int(flags[1]):,} | {off:,.0f} | {auto:,.0f} | "
-              f"x{auto / off:.2f} |")  # fmt: skip
+        print(
+            f"| {algo} | {env} | {int(flags[1]):,} | {off:,.0f} | {auto:,.0f} | x{auto / off:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,16 @@ GROUPS = {  # profiler op name -> what the table calls it
 
 def filled_buffer(transitions: int) -> ReplayBuffer:
     rng = np.random.default_rng(0)
-    buffer = ReplayBuffer(transitions, 1, (OBS_DIM,), torch.float32, action_shape=(ACTION_DIM,),
-                          action_dtype=torch.float32, gamma=0.99, seed=0)  # fmt: skip
+    buffer = ReplayBuffer(
+        transitions,
+        1,
+        (OBS_DIM,),
+        torch.float32,
+        action_shape=(ACTION_DIM,),
+        action_dtype=torch.float32,
+        gamma=0.99,
+        seed=0,
+    )
     obs = rng.standard_normal((1, OBS_DIM), dtype=np.float32)
     for i in range(transitions):
         next_obs = rng.standard_normal((1, OBS_DIM), dtype=np.float32)
@@ -68,8 +76,9 @@ def step_function(algo: str, compiled: bool) -> Callable[[int], None]:
             target = torch.compile(target)
 
         def step(number: int) -> None:
-            sac.gradient_step(number, agent, target, entropy, optimizers, buffer, cfg,
-                              -float(ACTION_DIM))  # fmt: skip
+            sac.gradient_step(
+                number, agent, target, entropy, optimizers, buffer, cfg, -float(ACTION_DIM)
+            )
 
         return step
     cfg = td3.TD3Config()
@@ -132,15 +141,19 @@ def main() -> None:
     eager = time_step(step, args.blocks, args.steps)
     groups = profile_step(step, args.steps)
     total = sum(groups.values())
-    print(f"{args.algo} gradient step, {args.threads} thread(s): {eager:,.0f} us "
-          f"(median of {args.blocks} blocks of {args.steps})")  # fmt: skip
+    print(
+        f"{args.algo} gradient step, {args.threads} thread(s): {eager:,.0f} us "
+        f"(median of {args.blocks} blocks of {args.steps})"
+    )
     print(f"\nprofiled, {total:,.0f} us per step:\n\n| ops | us per step | share |\n|---|---|---|")
     for name, us in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {us:,.0f} | {us / total:.0%} |")
     if args.compile:
         compiled = time_step(step_function(args.algo, compiled=True), args.blocks, args.steps)
-        print(f"\ntorch.compile'd actor and critics: {compiled:,.0f} us against {eager:,.0f} "
-              f"eager (x{eager / compiled:.2f})")  # fmt: skip
+        print(
+            f"\ntorch.compile'd actor and critics: {compiled:,.0f} us against {eager:,.0f} "
+            f"eager (x{eager / compiled:.2f})"
+        )
 
 
 if __name__ == "__main__":

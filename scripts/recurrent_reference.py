@@ -45,8 +45,13 @@ def child(seed: int, steps: int, rollout: str) -> dict:
     model.learn(steps, callback=Watch())
     reached = first_reach(returns, ends, 450, window=100)
     last_100 = statistics.fmean(returns[-100:])
-    return {"seed": seed, "steps": steps, "rollout": rollout, "last_100_mean": last_100,
-            "reached_450_at": reached}  # fmt: skip
+    return {
+        "seed": seed,
+        "steps": steps,
+        "rollout": rollout,
+        "last_100_mean": last_100,
+        "reached_450_at": reached,
+    }
 
 
 def main() -> None:
@@ -66,8 +71,11 @@ def main() -> None:
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
         results.append(json.loads(line[7:]))
         run = results[-1]
-        print(f"seed {seed}: last-100 mean {run['last_100_mean']:.1f}, the mean of 100 reached "
-              f"450 at {run['reached_450_at']}", flush=True)  # fmt: skip
+        print(
+            f"seed {seed}: last-100 mean {run['last_100_mean']:.1f}, the mean of 100 reached "
+            f"450 at {run['reached_450_at']}",
+            flush=True,
+        )
     scores = [r["last_100_mean"] for r in results]
     print(f"mean over seeds {statistics.fmean(scores):.1f}")
     with open(args.out, "w") as f:

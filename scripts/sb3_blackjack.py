@@ -41,21 +41,45 @@ def train(algo: str, seed: int):
 
     if algo == "ppo":
         schedule = lambda progress: 2.5e-4 * progress  # noqa: E731 (annealed, as rlstore's)
-        model = PPO("MlpPolicy", make_vec_env(flat_blackjack, n_envs=4, seed=seed),
-                    n_steps=128, batch_size=128, n_epochs=4, learning_rate=schedule,
-                    ent_coef=0.01, clip_range=0.2, clip_range_vf=0.2, max_grad_norm=0.5,
-                    seed=seed, device="cpu",
-                    policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]),
-                                       activation_fn=torch.nn.Tanh,
-                                       optimizer_kwargs=dict(eps=1e-5)))  # fmt: skip
+        model = PPO(
+            "MlpPolicy",
+            make_vec_env(flat_blackjack, n_envs=4, seed=seed),
+            n_steps=128,
+            batch_size=128,
+            n_epochs=4,
+            learning_rate=schedule,
+            ent_coef=0.01,
+            clip_range=0.2,
+            clip_range_vf=0.2,
+            max_grad_norm=0.5,
+            seed=seed,
+            device="cpu",
+            policy_kwargs=dict(
+                net_arch=dict(pi=[64, 64], vf=[64, 64]),
+                activation_fn=torch.nn.Tanh,
+                optimizer_kwargs=dict(eps=1e-5),
+            ),
+        )
     else:
-        model = DQN("MlpPolicy", make_vec_env(flat_blackjack, n_envs=1, seed=seed),
-                    learning_rate=2.5e-4, buffer_size=10_000, learning_starts=10_000,
-                    batch_size=128, gamma=0.99, train_freq=10, gradient_steps=1,
-                    target_update_interval=500, exploration_fraction=0.5,
-                    exploration_initial_eps=1.0, exploration_final_eps=0.05,
-                    max_grad_norm=1e10, seed=seed, device="cpu",
-                    policy_kwargs=dict(net_arch=[120, 84]))  # fmt: skip
+        model = DQN(
+            "MlpPolicy",
+            make_vec_env(flat_blackjack, n_envs=1, seed=seed),
+            learning_rate=2.5e-4,
+            buffer_size=10_000,
+            learning_starts=10_000,
+            batch_size=128,
+            gamma=0.99,
+            train_freq=10,
+            gradient_steps=1,
+            target_update_interval=500,
+            exploration_fraction=0.5,
+            exploration_initial_eps=1.0,
+            exploration_final_eps=0.05,
+            max_grad_norm=1e10,
+            seed=seed,
+            device="cpu",
+            policy_kwargs=dict(net_arch=[120, 84]),
+        )
     return model.learn(STEPS)
 
 
@@ -77,16 +101,26 @@ def main() -> None:
     results = {}
     for algo in sys.argv[1:] or ("ppo", "dqn"):
         scores = [evaluate(train(algo, seed)) for seed in (1, 2, 3)]
-        results[algo] = {"seeds": [1, 2, 3], "scores": scores, "mean": float(np.mean(scores)),
-                         "std": float(np.std(scores)), "steps": STEPS}  # fmt: skip
+        results[algo] = {
+            "seeds": [1, 2, 3],
+            "scores": scores,
+            "mean": float(np.mean(scores)),
+            "std": float(np.std(scores)),
+            "steps": STEPS,
+        }
         print(algo, results[algo], flush=True)
     out = ROOT / "docs" / "results" / "sb3-blackjack"
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = ["# SB3 on Blackjack-v1 (scripts/sb3_blackjack.py)", "",
-             f"`python scripts/sb3_blackjack.py`: {STEPS:,} steps, seeds 1-3, the mean return "
-             f"of {EPISODES:,} deterministic episodes each; the references of "
-             "`rlstore benchmark spaces`' Blackjack rows.", "",
-             "| algorithm | scores | mean +- std |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        "# SB3 on Blackjack-v1 (scripts/sb3_blackjack.py)",
+        "",
+        f"`python scripts/sb3_blackjack.py`: {STEPS:,} steps, seeds 1-3, the mean return "
+        f"of {EPISODES:,} deterministic episodes each; the references of "
+        "`rlstore benchmark spaces`' Blackjack rows.",
+        "",
+        "| algorithm | scores | mean +- std |",
+        "|---|---|---|",
+    ]
     for algo, r in results.items():
         scores = ", ".join(f"{s:.3f}" for s in r["scores"])
         lines.append(f"| {algo.upper()} | {scores} | {r['mean']:.3f} +- {r['std']:.3f} |")

@@ -40,12 +40,27 @@ def train(seed: int):
     gym.register_envs(gymnasium_robotics)
     env = gym.make(ENV)
     noise = NormalActionNoise(np.zeros(2), 0.1 * np.ones(2))
-    model = TD3("MultiInputPolicy", env, learning_rate=3e-4, buffer_size=1_000_000,
-                learning_starts=1000, batch_size=256, tau=0.005, gamma=0.99, train_freq=1,
-                gradient_steps=1, action_noise=noise, policy_delay=2, target_policy_noise=0.2,
-                target_noise_clip=0.5, replay_buffer_class=HerReplayBuffer,
-                replay_buffer_kwargs=dict(n_sampled_goal=4, goal_selection_strategy="future"),
-                policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu")  # fmt: skip
+    model = TD3(
+        "MultiInputPolicy",
+        env,
+        learning_rate=3e-4,
+        buffer_size=1_000_000,
+        learning_starts=1000,
+        batch_size=256,
+        tau=0.005,
+        gamma=0.99,
+        train_freq=1,
+        gradient_steps=1,
+        action_noise=noise,
+        policy_delay=2,
+        target_policy_noise=0.2,
+        target_noise_clip=0.5,
+        replay_buffer_class=HerReplayBuffer,
+        replay_buffer_kwargs=dict(n_sampled_goal=4, goal_selection_strategy="future"),
+        policy_kwargs=dict(net_arch=[256, 256]),
+        seed=seed,
+        device="cpu",
+    )
     return model.learn(STEPS)
 
 
@@ -83,34 +98,53 @@ def main() -> None:
         model = train(seed)
         seconds = time.perf_counter() - start
         success, mean_return = evaluate(model)
-        runs.append({"seed": seed, "success_rate": success, "mean_return": mean_return,
-                     "wall_seconds": seconds})  # fmt: skip
+        runs.append(
+            {
+                "seed": seed,
+                "success_rate": success,
+                "mean_return": mean_return,
+                "wall_seconds": seconds,
+            }
+        )
         print(runs[-1], flush=True)
     runs.sort(key=lambda r: r["seed"])
     rates = [r["success_rate"] for r in runs]
-    sb3 = {"env": ENV, "steps": STEPS, "runs": runs, "mean": float(np.mean(rates)),
-           "std": float(np.std(rates))}  # fmt: skip
+    sb3 = {
+        "env": ENV,
+        "steps": STEPS,
+        "runs": runs,
+        "mean": float(np.mean(rates)),
+        "std": float(np.std(rates)),
+    }
     ours = None
     if suite_results.is_file():
         rows = json.loads(suite_results.read_text())["rows"]
         ours = next((r for r in rows if r["name"] == "td3-her"), None)
     out.with_suffix(".json").write_text(json.dumps({"sb3": sb3, "rlstore": ours}, indent=1) + "\n")
     seeds_run = ", ".join(str(r["seed"]) for r in runs)
-    lines = [f"# TD3 + HER on {ENV}: SB3 beside rlstore (scripts/sb3_her.py)", "",
-             f"`python scripts/sb3_her.py {suite_results}`: {STEPS:,} steps, seeds "
-             f"{seeds_run}, the success rate of {EPISODES} deterministic episodes of the "
-             "final policy each; the same settings as `rlstore benchmark her`'s td3-her row "
-             "(listed in the script's docstring). Wall time per run, on the machine as it "
-             "was (threads and what else ran: below).", "",
-             "| trainer | success rates | mean +- std | wall s/run |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# TD3 + HER on {ENV}: SB3 beside rlstore (scripts/sb3_her.py)",
+        "",
+        f"`python scripts/sb3_her.py {suite_results}`: {STEPS:,} steps, seeds "
+        f"{seeds_run}, the success rate of {EPISODES} deterministic episodes of the "
+        "final policy each; the same settings as `rlstore benchmark her`'s td3-her row "
+        "(listed in the script's docstring). Wall time per run, on the machine as it "
+        "was (threads and what else ran: below).",
+        "",
+        "| trainer | success rates | mean +- std | wall s/run |",
+        "|---|---|---|---|",
+    ]
     wall = np.mean([r["wall_seconds"] for r in runs])
-    lines.append(f"| SB3 TD3 + HerReplayBuffer | {', '.join(f'{r:.2f}' for r in rates)} | "
-                 f"{sb3['mean']:.2f} +- {sb3['std']:.2f} | {wall:.0f} |")  # fmt: skip
+    lines.append(
+        f"| SB3 TD3 + HerReplayBuffer | {', '.join(f'{r:.2f}' for r in rates)} | "
+        f"{sb3['mean']:.2f} +- {sb3['std']:.2f} | {wall:.0f} |"
+    )
     if ours is not None:
         scores = ", ".join(f"{run['score']:.2f}" for run in ours["runs"])
-        lines.append(f"| rlstore td3 --her | {scores} | {ours['score_mean']:.2f} +- "
-                     f"{ours['score_std']:.2f} | {ours['wall_seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| rlstore td3 --her | {scores} | {ours['score_mean']:.2f} +- "
+            f"{ours['score_std']:.2f} | {ours['wall_seconds']:.0f} |"
+        )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

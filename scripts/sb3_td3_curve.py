@@ -50,8 +50,11 @@ def train(
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
-                    row = {"step": self.num_timesteps, "return": float(info["episode"]["r"]),
-                           "length": int(info["episode"]["l"])}  # fmt: skip
+                    row = {
+                        "step": self.num_timesteps,
+                        "return": float(info["episode"]["r"]),
+                        "length": int(info["episode"]["l"]),
+                    }
                     self.file.write(json.dumps(row) + "\n")
                     self.file.flush()
             return True
@@ -68,21 +71,35 @@ def train(
     if newest is None:
         actions = env.action_space.shape[0]
         model = TD3(
-            "MlpPolicy", env, learning_rate=3e-4, buffer_size=1_000_000,
-            learning_starts=learning_starts, batch_size=256, tau=0.005, gamma=0.99,
-            train_freq=1, gradient_steps=1,
+            "MlpPolicy",
+            env,
+            learning_rate=3e-4,
+            buffer_size=1_000_000,
+            learning_starts=learning_starts,
+            batch_size=256,
+            tau=0.005,
+            gamma=0.99,
+            train_freq=1,
+            gradient_steps=1,
             action_noise=NormalActionNoise(np.zeros(actions), 0.1 * np.ones(actions)),
-            policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
-            policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu",
-        )  # fmt: skip
+            policy_delay=2,
+            target_policy_noise=0.2,
+            target_noise_clip=0.5,
+            policy_kwargs=dict(net_arch=[256, 256]),
+            seed=seed,
+            device="cpu",
+        )
         out.write_text("")
     else:
         model = TD3.load(newest / "model.zip", env=env, device="cpu")
         model.load_replay_buffer(newest / "replay.pkl")
         model._last_obs = None  # the env is a fresh one: learn() resets it
         model.set_random_seed(seed + model.num_timesteps)
-        kept = [line for line in out.read_text().splitlines()
-                if json.loads(line)["step"] <= model.num_timesteps]  # fmt: skip
+        kept = [
+            line
+            for line in out.read_text().splitlines()
+            if json.loads(line)["step"] <= model.num_timesteps
+        ]
         out.write_text("".join(line + "\n" for line in kept))
     resumed_at = model.num_timesteps
     model.set_logger(Logger(None, []))  # SB3's default makes an empty /tmp/SB3-<date> per run
@@ -125,8 +142,10 @@ def summary(path: Path, window: int = 25_000) -> str:
     for low in range(0, int(steps.max()) + 1, window):
         inside = (steps >= low) & (steps < low + window)
         if inside.any():
-            parts.append(f"{low // 1000}k: {returns[inside].mean():.0f} "
-                         f"({np.median(lengths[inside]):.0f} steps)")  # fmt: skip
+            parts.append(
+                f"{low // 1000}k: {returns[inside].mean():.0f} "
+                f"({np.median(lengths[inside]):.0f} steps)"
+            )
     return ", ".join(parts)
 
 

@@ -34,8 +34,9 @@ def reinforce_loss(log_prob, value, returns, cfg: ReinforceConfig) -> torch.Tens
     return -(advantage * log_prob).mean() + cfg.vf_coef * (returns - value).square().mean()
 
 
-def train(cfg: ReinforceConfig, preset: Path | None = None, resume: Path | None = None,
-          callbacks=()) -> TrainResult:  # fmt: skip
+def train(
+    cfg: ReinforceConfig, preset: Path | None = None, resume: Path | None = None, callbacks=()
+) -> TrainResult:
     run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
     agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate)

@@ -291,10 +291,21 @@ class BadMask(gym.Env):
         return 0, 0.0, False, False, {"action_mask": np.ones(2, np.int8)}
 
 
-for _cls, _steps in ((ColorImage, 5), (BitParity, 5), (DiscreteTarget, 10), (PickTwo, 5),
-                     (CopyBits, 5), (DictTarget, 5), (TupleCount, 5), (DictScale, 10),
-                     (Mission, 5), (MaskedPick, 5), (MaskedPair, 5), (BoxGrid, 5),
-                     (BadMask, 5)):  # fmt: skip
+for _cls, _steps in (
+    (ColorImage, 5),
+    (BitParity, 5),
+    (DiscreteTarget, 10),
+    (PickTwo, 5),
+    (CopyBits, 5),
+    (DictTarget, 5),
+    (TupleCount, 5),
+    (DictScale, 10),
+    (Mission, 5),
+    (MaskedPick, 5),
+    (MaskedPair, 5),
+    (BoxGrid, 5),
+    (BadMask, 5),
+):
     if f"{_cls.__name__}-v0" not in gym.registry:
         gym.register(f"{_cls.__name__}-v0", entry_point=_cls, max_episode_steps=_steps)
 
@@ -322,13 +333,16 @@ class GoalPoint(gym.Env):
         {
             key: spaces.Box(-2, 2, (2,), np.float64)
             for key in ("observation", "achieved_goal", "desired_goal")
-        }  # fmt: skip
+        }
     )
     action_space = spaces.Box(-1, 1, (2,), np.float32)
 
     def _observe(self):
-        return {"observation": self.point.copy(), "achieved_goal": self.point.copy(),
-                "desired_goal": self.goal.copy()}  # fmt: skip
+        return {
+            "observation": self.point.copy(),
+            "achieved_goal": self.point.copy(),
+            "desired_goal": self.goal.copy(),
+        }
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -23,8 +23,9 @@ def test_multi_categorical_log_probs_and_entropies_are_the_summed_categoricals()
     log_prob, entropy = head.log_prob_and_entropy(logits, actions)
     torch.testing.assert_close(log_prob, expected_lp)
     torch.testing.assert_close(entropy, expected_h)
-    np.testing.assert_array_equal(head.mode(logits), torch.stack([p.argmax(-1) for p in
-                                  logits.split([3, 1, 5], -1)], -1))  # fmt: skip
+    np.testing.assert_array_equal(
+        head.mode(logits), torch.stack([p.argmax(-1) for p in logits.split([3, 1, 5], -1)], -1)
+    )
 
 
 def test_multi_categorical_samples_follow_each_categorical():
@@ -61,8 +62,9 @@ def test_heads_of_the_spaces_shift_and_shape_the_env_actions():
     assert head_for(spaces.Discrete(3)) is None and head_for(spaces.Box(-1, 1, (2,))) is None
 
 
-@pytest.mark.parametrize("space", [spaces.MultiDiscrete([3, 4], start=[1, 0]),
-                                   spaces.MultiBinary(4)])  # fmt: skip
+@pytest.mark.parametrize(
+    "space", [spaces.MultiDiscrete([3, 4], start=[1, 0]), spaces.MultiBinary(4)]
+)
 def test_an_actor_critic_with_a_head_is_rebuilt_from_its_spec(space):
     torch.manual_seed(3)
     agent = ActorCritic(5, 0, head=head_for(space))

@@ -11,10 +11,15 @@ pytestmark = requires_extra("rliable", "rliable")
 
 def rows_of(scores: dict[tuple[str, str], list[float]], spans: dict[str, list[float]]):
     return [
-        {"name": name, "env": env, "runs": [{"score": s} for s in values],
-         "band": spans.get(env), "normalize": None}
+        {
+            "name": name,
+            "env": env,
+            "runs": [{"score": s} for s in values],
+            "band": spans.get(env),
+            "normalize": None,
+        }
         for (name, env), values in scores.items()
-    ]  # fmt: skip
+    ]
 
 
 def naive_iqm(x: np.ndarray) -> float:
@@ -39,8 +44,12 @@ def test_metrics_equal_naive_references_and_intervals_hold_them():
     result = aggregate(rows, reps=300)
     for name in ("ppo", "dqn"):
         # normalized by hand: (score - low) / (high - low), runs x tasks
-        x = np.array([[(raw[(name, env)][i] - lo) / (hi - lo) for env, (lo, hi) in spans.items()]
-                      for i in range(4)])  # fmt: skip
+        x = np.array(
+            [
+                [(raw[(name, env)][i] - lo) / (hi - lo) for env, (lo, hi) in spans.items()]
+                for i in range(4)
+            ]
+        )
         np.testing.assert_allclose(score_dict[name], x)
         expected = {
             "IQM": naive_iqm(x),
@@ -65,8 +74,10 @@ def test_metrics_equal_naive_references_and_intervals_hold_them():
 def test_normalize_range_wins_over_the_band_and_rows_without_either_are_left_out():
     from rlstore.aggregate import aggregate_markdown, normalized_scores
 
-    rows = rows_of({("ppo", "A-v1"): [50.0, 70.0], ("ppo", "C-v1"): [1.0, 2.0],
-                    ("a2c", "A-v1"): [10.0, 30.0]}, {"A-v1": [0.0, 100.0]})  # fmt: skip
+    rows = rows_of(
+        {("ppo", "A-v1"): [50.0, 70.0], ("ppo", "C-v1"): [1.0, 2.0], ("a2c", "A-v1"): [10.0, 30.0]},
+        {"A-v1": [0.0, 100.0]},
+    )
     rows[0]["normalize"] = [40.0, 60.0]
     score_dict, tasks, left_out = normalized_scores(rows)
     assert tasks == ["A-v1"]
@@ -74,11 +85,21 @@ def test_normalize_range_wins_over_the_band_and_rows_without_either_are_left_out
     np.testing.assert_allclose(score_dict["a2c"][:, 0], [0.1, 0.3])
     assert left_out == ["ppo on C-v1 (no normalize range or band)"]
     text = aggregate_markdown(
-        {"tasks": tasks, "left_out": left_out,
-         "algorithms": {"ppo": {"runs": 2, "IQM": [1, 0.5, 1.5], "Median": [1, 0, 2],
-                                "Mean": [1, 0, 2], "Optimality gap": [0.25, 0, 0.5]}}},
+        {
+            "tasks": tasks,
+            "left_out": left_out,
+            "algorithms": {
+                "ppo": {
+                    "runs": 2,
+                    "IQM": [1, 0.5, 1.5],
+                    "Median": [1, 0, 2],
+                    "Mean": [1, 0, 2],
+                    "Optimality gap": [0.25, 0, 0.5],
+                }
+            },
+        },
         "tiny",
-    )  # fmt: skip
+    )
     assert "| ppo | 2 x 1 | 1.000 [0.500, 1.500] |" in text and "Left out: ppo on C-v1" in text
 
 
@@ -86,8 +107,10 @@ def test_an_algorithm_missing_a_task_is_left_out_and_seeds_are_cut_to_the_fewest
     from rlstore.aggregate import normalized_scores
 
     spans = {"A-v1": [0.0, 1.0], "B-v1": [0.0, 1.0]}
-    rows = rows_of({("ppo", "A-v1"): [0.1, 0.2, 0.3], ("ppo", "B-v1"): [0.4, 0.5],
-                    ("dqn", "A-v1"): [0.9]}, spans)  # fmt: skip
+    rows = rows_of(
+        {("ppo", "A-v1"): [0.1, 0.2, 0.3], ("ppo", "B-v1"): [0.4, 0.5], ("dqn", "A-v1"): [0.9]},
+        spans,
+    )
     score_dict, _, left_out = normalized_scores(rows)
     assert score_dict["ppo"].shape == (2, 2) and "dqn" not in score_dict
     assert left_out == ["dqn (no score on B-v1)"]

@@ -32,8 +32,11 @@ def test_nature_cnn_shapes_and_init():
     agent = CnnActorCritic((4, 84, 84), 6)
     convs = [m for m in agent.trunk if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
     assert [tuple(m.weight.shape) for m in convs] == [
-        (32, 4, 8, 8), (64, 32, 4, 4), (64, 64, 3, 3), (512, 3136)
-    ]  # fmt: skip
+        (32, 4, 8, 8),
+        (64, 32, 4, 4),
+        (64, 64, 3, 3),
+        (512, 3136),
+    ]
     for layer in convs:  # orthogonal with gain sqrt(2), zero bias
         eye = torch.eye(layer.weight.shape[0])
         torch.testing.assert_close(orthogonal_gain(layer.weight), 2 * eye, atol=1e-4, rtol=0)
@@ -142,9 +145,19 @@ def test_logged_returns_are_whole_unclipped_games(logdir, monkeypatch):
         return out
 
     monkeypatch.setattr(LifeLoss, "step", spy)
-    cfg, preset = resolve("ppo", "ALE/SpaceInvaders-v5", dict(
-        num_envs=2, num_steps=128, total_timesteps=2048, logdir=logdir, progress=False,
-        device="cpu", seed=3))  # fmt: skip
+    cfg, preset = resolve(
+        "ppo",
+        "ALE/SpaceInvaders-v5",
+        dict(
+            num_envs=2,
+            num_steps=128,
+            total_timesteps=2048,
+            logdir=logdir,
+            progress=False,
+            device="cpu",
+            seed=3,
+        ),
+    )
     assert cfg.sign_rewards
     result = ppo.train(cfg, preset)
     assert len(games) >= 1 and result.episode_returns == games
@@ -199,8 +212,9 @@ def test_fire_after_a_lost_life_is_an_option(fire_on_life_loss, logdir, capsys):
     """A policy that only ever does NOOP: FIRE at reset launches Breakout's first ball, and
     without --fire-on-life-loss the game then waits after the first lost life until the
     time limit; with it, every ball is launched and the game ends on its last life."""
-    envs = make_vec_env("ALE/Breakout-v5", 1, 0, fire_on_life_loss=fire_on_life_loss,
-                        max_episode_steps=3000)  # fmt: skip
+    envs = make_vec_env(
+        "ALE/Breakout-v5", 1, 0, fire_on_life_loss=fire_on_life_loss, max_episode_steps=3000
+    )
     _, info = envs.reset(seed=0)
     lost = steps = 0
     term = trunc = np.zeros(1, bool)
@@ -212,7 +226,18 @@ def test_fire_after_a_lost_life_is_an_option(fire_on_life_loss, logdir, capsys):
         assert term[0] and not trunc[0] and lost == 4 and steps < 1500  # 5 balls, game over
     else:
         assert trunc[0] and lost == 1 and info["lives"][0] == 4  # stalled after one ball
-    code = main(["train", "ppo", "--env", "ALE/Breakout-v5", "--fire-on-life-loss",
-                 "--vectorization", "native", "--logdir", logdir])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "ppo",
+            "--env",
+            "ALE/Breakout-v5",
+            "--fire-on-life-loss",
+            "--vectorization",
+            "native",
+            "--logdir",
+            logdir,
+        ]
+    )
     assert code == 2 and "use --vectorization auto, sync or async" in capsys.readouterr().err
     assert not Path(logdir).exists()

@@ -264,8 +264,19 @@ def test_unbounded_actions_are_sent_unclipped_and_said_so(logdir, capsys):
             return np.zeros(2, np.float32), -float(np.square(action).sum()), False, False, {}
 
     gym.register("rlstore-test/Unbounded-v0", entry_point=Unbounded, max_episode_steps=20)
-    args = ["train", "ppo", "--env", "rlstore-test/Unbounded-v0", "--num-steps", "32",
-            "--total-timesteps", "128", "--logdir", logdir, "--no-progress"]  # fmt: skip
+    args = [
+        "train",
+        "ppo",
+        "--env",
+        "rlstore-test/Unbounded-v0",
+        "--num-steps",
+        "32",
+        "--total-timesteps",
+        "128",
+        "--logdir",
+        logdir,
+        "--no-progress",
+    ]
     try:
         assert main(args) == 0
     finally:

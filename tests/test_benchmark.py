@@ -77,10 +77,20 @@ def tiny(tmp_path_factory):
     suite.write_text(TINY)
     out = root / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out", str(out),
-         "--workers", "2"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlstore",
+            "benchmark",
+            str(suite),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
     return suite, out, result.returncode, result.stdout
 
 
@@ -139,8 +149,11 @@ def test_status_says_where_each_run_stands_and_changes_nothing(tiny, tmp_path, c
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "1 finished, 1 begun, 1 without a checkpoint yet, 0 not started" in text
-    assert re.search(r"\| dqn-short \| CartPole-v1 \| 3 \| no checkpoint yet, stopped \(written "
-                     r"\d+ (s|min|h) ago\) \| 0 of 3,000 \| - \|", text)  # fmt: skip
+    assert re.search(
+        r"\| dqn-short \| CartPole-v1 \| 3 \| no checkpoint yet, stopped \(written "
+        r"\d+ (s|min|h) ago\) \| 0 of 3,000 \| - \|",
+        text,
+    )
     assert "No row has every seed finished yet." in text
     assert "not counted, with no run begun to time: dqn-short on CartPole-v1" in text
     assert tree(out) == before  # the directory a running run would be writing is still there
@@ -182,11 +195,27 @@ def test_results_table_equals_the_same_runs_made_by_hand(tiny, tmp_path, capsys)
     _, out, _, _ = tiny
     rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
     by_hand = {
-        "ppo": [["ppo", "--num-steps", "64", "--total-timesteps", "4096", "--seed", s]
-                for s in ("1", "2")],
-        "dqn-short": [["dqn", "--learning-starts", "500", "--buffer-size", "1000",
-                       "--q-hidden", "32", "32", "--total-timesteps", "3000", "--seed", "3"]],
-    }  # fmt: skip
+        "ppo": [
+            ["ppo", "--num-steps", "64", "--total-timesteps", "4096", "--seed", s]
+            for s in ("1", "2")
+        ],
+        "dqn-short": [
+            [
+                "dqn",
+                "--learning-starts",
+                "500",
+                "--buffer-size",
+                "1000",
+                "--q-hidden",
+                "32",
+                "32",
+                "--total-timesteps",
+                "3000",
+                "--seed",
+                "3",
+            ]
+        ],
+    }
     for name, commands in by_hand.items():
         scores, reached = [], []
         for i, args in enumerate(commands):
@@ -397,8 +426,16 @@ def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
         "overrides = { checkpoint_every = 2048 }\n"
     )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out", str(out),
-               "--no-plot"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlstore",
+        "benchmark",
+        str(suite),
+        "--out",
+        str(out),
+        "--no-plot",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     while not list(out.glob("runs/*/checkpoints/step_*.pt")):  # polls; no time limit
         assert process.poll() is None, "the suite ended before its first checkpoint"
@@ -415,8 +452,20 @@ def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     assert list((out / "runs").iterdir()) == [run_dir]  # the same run directory
 
     reference = tmp_path / "reference"
-    assert main(["train", "ppo", "--total-timesteps", "150000", "--logdir", str(reference),
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "--total-timesteps",
+                "150000",
+                "--logdir",
+                str(reference),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     resumed = json.loads((run_dir / "summary.json").read_text())
     uninterrupted = json.loads(next(reference.glob("*/summary.json")).read_text())
     assert resumed["episodes"] == uninterrupted["episodes"]
@@ -457,20 +506,26 @@ def test_a_part_of_a_suite_is_the_rows_and_seeds_its_flags_name(tmp_path, capsys
     """--env, --algo and --seed each keep what they name, together what all name; a row
     keeps the seeds it has among --seed, its `need` at most those; a name no row has, or a
     part with no run, is one line."""
-    rows = [Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3], threshold=5.0, need=3),
-            Row("td3", "td3", "HalfCheetah-v4", 1000, [1, 2, 3]),
-            Row("td3", "td3", "Hopper-v4", 1000, [2, 4])]  # fmt: skip
+    rows = [
+        Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3], threshold=5.0, need=3),
+        Row("td3", "td3", "HalfCheetah-v4", 1000, [1, 2, 3]),
+        Row("td3", "td3", "Hopper-v4", 1000, [2, 4]),
+    ]
     suite = Suite("three", rows)
 
     def part(**flags):
         return [(r.algo, r.env, r.seeds, r.need) for r in suite_part(suite, **flags).rows]
 
     assert part() == [(r.algo, r.env, r.seeds, r.need) for r in rows]
-    assert part(algos=["td3"]) == [("td3", "HalfCheetah-v4", [1, 2, 3], None),
-                                   ("td3", "Hopper-v4", [2, 4], None)]  # fmt: skip
-    assert part(seeds=[2, 3]) == [("sac", "HalfCheetah-v4", [2, 3], 2),
-                                  ("td3", "HalfCheetah-v4", [2, 3], None),
-                                  ("td3", "Hopper-v4", [2], None)]  # fmt: skip
+    assert part(algos=["td3"]) == [
+        ("td3", "HalfCheetah-v4", [1, 2, 3], None),
+        ("td3", "Hopper-v4", [2, 4], None),
+    ]
+    assert part(seeds=[2, 3]) == [
+        ("sac", "HalfCheetah-v4", [2, 3], 2),
+        ("td3", "HalfCheetah-v4", [2, 3], None),
+        ("td3", "Hopper-v4", [2], None),
+    ]
     assert part(seeds=[4]) == [("td3", "Hopper-v4", [4], None)]
     assert part(envs=["HalfCheetah-v4"], algos=["td3"], seeds=[1]) == [
         ("td3", "HalfCheetah-v4", [1], None)
@@ -496,8 +551,12 @@ def test_a_part_of_a_suite_is_the_rows_and_seeds_its_flags_name(tmp_path, capsys
         "rlstore: error: suite two has no row with --seed 3; its seeds: 1, 2"
     ]
     out = tmp_path / "out"
-    assert main(["benchmark", str(file), "--out", str(out), "--no-plot", "--algo", "ppo",
-                 "--seed", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["benchmark", str(file), "--out", str(out), "--no-plot", "--algo", "ppo", "--seed", "2"]
+        )
+        == 0
+    )
     assert "1 run in" in capsys.readouterr().out
     assert [p.name.split("__")[1:3] for p in (out / "runs").iterdir()] == [["ppo", "2"]]
 
@@ -505,9 +564,11 @@ def test_a_part_of_a_suite_is_the_rows_and_seeds_its_flags_name(tmp_path, capsys
 def test_runs_start_seed_by_seed_across_the_rows(tmp_path):
     """Every row's first seed before any row's second: a suite stopped partway has seen
     every row (rows of 3, 1 and 2 seeds)."""
-    rows = [Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3]),
-            Row("td3", "td3", "Hopper-v4", 1000, [3]),
-            Row("ppo", "ppo", "CartPole-v1", 1000, [1, 2])]  # fmt: skip
+    rows = [
+        Row("sac", "sac", "HalfCheetah-v4", 1000, [1, 2, 3]),
+        Row("td3", "td3", "Hopper-v4", 1000, [3]),
+        Row("ppo", "ppo", "CartPole-v1", 1000, [1, 2]),
+    ]
     order = [(spec.algo, spec.seed) for spec in run_order(rows, tmp_path)]
     assert order == [("sac", 1), ("td3", 3), ("ppo", 1), ("sac", 2), ("ppo", 2), ("sac", 3)]
     assert run_order([], tmp_path) == []
@@ -524,7 +585,15 @@ def test_runs_begun_start_before_new_ones(tmp_path):
 
 def test_ago_says_durations_as_people_do():
     assert [ago(x) for x in (0, 119, 120, 7199, 7200, 172799, 172800, -3)] == [
-        "0 s", "119 s", "2 min", "120 min", "2 h", "48 h", "2 days", "0 s"]  # fmt: skip
+        "0 s",
+        "119 s",
+        "2 min",
+        "120 min",
+        "2 h",
+        "48 h",
+        "2 days",
+        "0 s",
+    ]
 
 
 def test_results_pages_say_what_they_were_made_with():
@@ -559,8 +628,10 @@ def test_core_hours_left_time_each_run_at_its_row_or_algorithm():
 
 def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
     row = Row("ppo", "ppo", "CartPole-v1", 1000, [1, 2, 3], threshold=100, need=2)
-    runs = [{"score": 1.0, "reached_at": at, "wall_seconds": 1, "steps_per_second": 1}
-            for at in (500, None, None)]  # fmt: skip
+    runs = [
+        {"score": 1.0, "reached_at": at, "wall_seconds": 1, "steps_per_second": 1}
+        for at in (500, None, None)
+    ]
     result = row_result(row, runs)
     assert result["reached"] == 1 and result["too_few_reached"] and not result["below_band"]
     assert "| BELOW |" in results_markdown(Suite("s", [row]), [result])
@@ -592,8 +663,10 @@ def test_steps_to_threshold_average_the_rows_reach_window():
 
 def test_a_row_above_its_band_says_above_and_passes():
     row = Row("ppo", "ppo", "HalfCheetah-v4", 1000, [1, 2], band=(1400, 1534.6))
-    runs = [{"score": s, "reached_at": None, "wall_seconds": 1, "steps_per_second": 1}
-            for s in (1700.0, 1768.0)]  # fmt: skip
+    runs = [
+        {"score": s, "reached_at": None, "wall_seconds": 1, "steps_per_second": 1}
+        for s in (1700.0, 1768.0)
+    ]
     result = row_result(row, runs)
     assert result["above_band"] and not result["below_band"]
     assert "| above |" in results_markdown(Suite("s", [row]), [result])
@@ -639,30 +712,50 @@ def test_shipped_suites_load_and_name_their_sources():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nstep = 100\n',
-         "unknown key 'step' (did you mean 'steps'?)"),
-        ('seed = [1]\n', "unknown key 'seed' (did you mean 'seeds'?)"),
+        (
+            'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nstep = 100\n',
+            "unknown key 'step' (did you mean 'steps'?)",
+        ),
+        ("seed = [1]\n", "unknown key 'seed' (did you mean 'seeds'?)"),
         ('name = "x"\n', "has no [[row]]"),
-        ('[[row]]\nalgo = "dqn"\nenv = "Pendulum-v1"\nsteps = 50000\n',
-         "DQN needs a Discrete action space; Pendulum-v1 has"),
+        (
+            '[[row]]\nalgo = "dqn"\nenv = "Pendulum-v1"\nsteps = 50000\n',
+            "DQN needs a Discrete action space; Pendulum-v1 has",
+        ),
         ('[[row]]\nalgo = "ppo"\nenv = "CartPol-v1"\nsteps = 1000\n', "unknown env id"),
-        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\noverrides = { lr = 1 }\n',
-         "unknown key 'lr'"),
-        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nband = [1]\n',
-         "band must be [low, high]"),
+        (
+            '[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\noverrides = { lr = 1 }\n',
+            "unknown key 'lr'",
+        ),
+        (
+            '[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nband = [1]\n',
+            "band must be [low, high]",
+        ),
         ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 10\n', "smaller than one rollout"),
-        ('seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nthreshold = 1\n'
-         "need = 2\n", "need is a number of seeds, with a threshold to reach"),
-        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nreach_window = 100\n',
-         "reach_window is a number of returns >= 1, with a threshold"),
-        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nthreshold = 1\n'
-         "reach_window = 0\n", "reach_window is a number of returns >= 1, with a threshold"),
-        ('score = "final"\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n',
-         'score must be one of training, evaluation, success'),
-        ('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nnormalize = [5, 1]\n',
-         "normalize must be [min, max] scores, min < max"),
+        (
+            'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1000\nthreshold = 1\n'
+            "need = 2\n",
+            "need is a number of seeds, with a threshold to reach",
+        ),
+        (
+            '[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nreach_window = 100\n',
+            "reach_window is a number of returns >= 1, with a threshold",
+        ),
+        (
+            '[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nthreshold = 1\n'
+            "reach_window = 0\n",
+            "reach_window is a number of returns >= 1, with a threshold",
+        ),
+        (
+            'score = "final"\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n',
+            "score must be one of training, evaluation, success",
+        ),
+        (
+            '[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\nnormalize = [5, 1]\n',
+            "normalize must be [min, max] scores, min < max",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_suites_are_one_line_and_write_nothing(tmp_path, capsys, text, message):
     suite = tmp_path / "bad.toml"
     suite.write_text(text)
@@ -688,8 +781,16 @@ def test_a_changed_suite_does_not_reuse_or_damage_old_runs(tiny, tmp_path, capsy
 def test_address_with_no_ray_cluster_is_one_line(tmp_path, capsys):
     suite = tmp_path / "s.toml"
     suite.write_text('[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 1024\n')
-    code = main(["benchmark", str(suite), "--out", str(tmp_path / "o"), "--address",
-                 f"127.0.0.1:{free_port()}"])  # fmt: skip
+    code = main(
+        [
+            "benchmark",
+            str(suite),
+            "--out",
+            str(tmp_path / "o"),
+            "--address",
+            f"127.0.0.1:{free_port()}",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "no Ray cluster answers at 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
@@ -765,11 +866,16 @@ def test_a_row_scored_on_evaluation_takes_the_final_evaluation(tmp_path, capsys)
 
 def test_versions_meet_a_rows_requires_by_numeric_release():
     for version, spec, meets in [
-        ("3.4.0", "<3.5", True), ("3.5.0", "<3.5", False), ("4.0.0", "<3.5", False),
+        ("3.4.0", "<3.5", True),
+        ("3.5.0", "<3.5", False),
+        ("4.0.0", "<3.5", False),
         ("3.10.0", "<3.5", False),  # numbers, not strings: 10 > 5
-        ("2.3.3", ">=2.3, <3.5", True), ("2.2.9", ">=2.3, <3.5", False),
-        ("2.4.0+cu121", "==2.4", True), ("3.5", "!=3.5.0", False), ("3.5", "<=3.5.0", True),
-    ]:  # fmt: skip
+        ("2.3.3", ">=2.3, <3.5", True),
+        ("2.2.9", ">=2.3, <3.5", False),
+        ("2.4.0+cu121", "==2.4", True),
+        ("3.5", "!=3.5.0", False),
+        ("3.5", "<=3.5.0", True),
+    ]:
         assert version_satisfies(version, spec) is meets, (version, spec)
 
 
@@ -792,8 +898,13 @@ def test_a_row_scored_on_other_versions_than_its_band_says_so(tmp_path):
         versions = {"python": "3.11.9"} | ({"mujoco": mujoco} if mujoco else {})
         (run_dir / "config.json").write_text(json.dumps({"resolved": {"versions": versions}}))
         episodes = {"returns": [2000.0], "steps": [10]}
-        summary = {"seed": seed, "run_dir": str(run_dir), "global_step": 10,
-                   "wall_seconds": 1.0, "episodes": episodes}  # fmt: skip
+        summary = {
+            "seed": seed,
+            "run_dir": str(run_dir),
+            "global_step": 10,
+            "wall_seconds": 1.0,
+            "episodes": episodes,
+        }
         return run_result(summary, 100, None)
 
     runs = [run(1, "4.0.0"), run(2, "3.4.0"), run(3, "4.0.0"), run(4, None)]

@@ -30,8 +30,9 @@ def test_children_get_the_environment_the_script_started_with():
     children (SB3's ran at half speed at two threads under it): a child sees the policy the
     script was started with, here none."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["unset"]
 
@@ -95,14 +96,16 @@ def test_the_sb3_td3_curve_continues_from_its_newest_checkpoint(tmp_path):
 
     curve = _load_script("sb3_td3_curve")
     out = tmp_path / "curve.jsonl"
-    curve.train("Pendulum-v1", seed=1, steps=400, out=out, checkpoint_every=200,
-                learning_starts=100)  # fmt: skip
+    curve.train(
+        "Pendulum-v1", seed=1, steps=400, out=out, checkpoint_every=200, learning_starts=100
+    )
     with out.open("a") as file:  # an episode the stopped run logged after its checkpoint
         file.write(json.dumps({"step": 450, "return": 0.0, "length": 50}) + "\n")
     folder = tmp_path / "curve.jsonl.checkpoints"
     assert [p.name for p in folder.iterdir()] == ["step_000000400"]
-    curve.train("Pendulum-v1", seed=1, steps=600, out=out, checkpoint_every=200,
-                learning_starts=100)  # fmt: skip
+    curve.train(
+        "Pendulum-v1", seed=1, steps=600, out=out, checkpoint_every=200, learning_starts=100
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["step"] for r in rows] == [200, 400, 600]
     assert [p.name for p in folder.iterdir()] == ["step_000000600"]
@@ -136,12 +139,17 @@ def test_env_dynamics_finds_the_step_where_two_installs_part(tmp_path):
     np.savez(moved, **arrays)
     header, *same = dynamics.compare(first, second).splitlines()
     assert header.startswith("Pendulum-v1: gymnasium ")
-    assert [line.split(" (")[0] for line in same] == ["episode 0: equal to 0e+00",
-                                                      "episode 1: equal to 0e+00"]  # fmt: skip
+    assert [line.split(" (")[0] for line in same] == [
+        "episode 0: equal to 0e+00",
+        "episode 1: equal to 0e+00",
+    ]
     arrays["obs0"], arrays["rew0"] = arrays["obs0"][:7], arrays["rew0"][:6]  # ended at 6
     np.savez(moved, **arrays)
     lines = dynamics.compare(first, moved).splitlines()
-    assert lines[1].startswith("episode 0: equal to 0e+00 for 6 steps, then one ended "
-                               "(10 vs 6 steps, return ")  # fmt: skip
-    assert lines[2].startswith("episode 1: differs from step 3: 0e+00 the step before, "
-                               "5.0e-02 there, 0.05 at most (10 vs 10 steps, return ")  # fmt: skip
+    assert lines[1].startswith(
+        "episode 0: equal to 0e+00 for 6 steps, then one ended (10 vs 6 steps, return "
+    )
+    assert lines[2].startswith(
+        "episode 1: differs from step 3: 0e+00 the step before, "
+        "5.0e-02 there, 0.05 at most (10 vs 10 steps, return "
+    )

@@ -156,8 +156,9 @@ def test_torchs_short_write_on_a_full_disk_is_named_as_one(tmp_path, monkeypatch
 
     monkeypatch.setattr(files.torch, "save", short_write)
     for free, raised in [(500, OSError), (1 << 40, RuntimeError)]:
-        monkeypatch.setattr(files.os, "statvfs", lambda _, f=free: SimpleNamespace(
-            f_bavail=f, f_frsize=1))  # fmt: skip
+        monkeypatch.setattr(
+            files.os, "statvfs", lambda _, f=free: SimpleNamespace(f_bavail=f, f_frsize=1)
+        )
         with pytest.raises(raised) as caught:
             files.atomic_save({"a": torch.zeros(3)}, path)
         if raised is OSError:
@@ -194,7 +195,9 @@ def test_a_full_disk_ends_a_run_in_one_line_and_it_resumes(tmp_path, capsys, mon
         f"rlstore resume {run_dir}"
     ]
     assert [p.name for p in checkpoint_files(run_dir / "checkpoints")] == [
-        "step_000000000512.pt", "step_000000000256.pt"]  # fmt: skip
+        "step_000000000512.pt",
+        "step_000000000256.pt",
+    ]
     monkeypatch.setattr(checkpoint, "atomic_save", save)
     assert main(["resume", str(run_dir), "--no-progress"]) == 0
     assert "resuming from" in capsys.readouterr().out
@@ -264,11 +267,17 @@ def test_a_run_being_trained_is_not_resumed_twice_and_its_lock_dies_with_it(tmp_
     run_dir = module.train(cfg).run_dir
     checkpoint_files(run_dir / "checkpoints")[0].unlink()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from rlstore.locks import DirectoryLock; "
-         f"lock = DirectoryLock({str(run_dir)!r}); assert lock.acquire() is None; "
-         "print('held', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from rlstore.locks import DirectoryLock; "
+            f"lock = DirectoryLock({str(run_dir)!r}); assert lock.acquire() is None; "
+            "print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline() == "held\n"
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     assert main(["resume", str(run_dir), "--no-progress"]) == 2
@@ -376,8 +385,11 @@ def test_unsigned_arrays_reach_the_checkpoint_as_tensors_torch_2_4_writes(tmp_pa
 def test_mujoco_env_state_round_trip_is_exact():
     """Ant's reward reads body positions that the last substep computed (not only qpos and
     qvel): the whole MjData must come back. Truncated every 20 steps, Ant also terminates."""
-    for env_id, vectorization in [("HalfCheetah-v4", "sync"), ("Ant-v4", "sync"),
-                                  ("Ant-v4", "async")]:  # fmt: skip
+    for env_id, vectorization in [
+        ("HalfCheetah-v4", "sync"),
+        ("Ant-v4", "sync"),
+        ("Ant-v4", "async"),
+    ]:
         assert_env_state_continues_exactly(
             env_id, 25, 50, num_envs=2, vectorization=vectorization, max_episode_steps=20
         )
@@ -478,8 +490,15 @@ def test_a_run_through_a_vector_wrapper_resumes_bitwise(tmp_path, capsys):
     """--truncation-as-termination wraps the vector env (TruncationAsTermination): its
     state is the wrapped env's, saved through the wrapper."""
     _, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, logdir=str(tmp_path), truncation_as_termination=True, num_envs=2,
-                  max_episode_steps=30, total_timesteps=1024, checkpoint_every=512)  # fmt: skip
+    cfg = replace(
+        cfg,
+        logdir=str(tmp_path),
+        truncation_as_termination=True,
+        num_envs=2,
+        max_episode_steps=30,
+        total_timesteps=1024,
+        checkpoint_every=512,
+    )
     assert_resumes_envs_bitwise(ppo, cfg, capsys)
 
 
@@ -489,8 +508,15 @@ class UnknownCartPole(CartPoleEnv):
 
 def test_an_async_run_resumes_bitwise_and_unsaveable_envs_resume_fresh(tmp_path, capsys):
     _, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, logdir=str(tmp_path), vectorization="async", num_envs=2, num_steps=64,
-                  total_timesteps=1024, checkpoint_every=512)  # fmt: skip
+    cfg = replace(
+        cfg,
+        logdir=str(tmp_path),
+        vectorization="async",
+        num_envs=2,
+        num_steps=64,
+        total_timesteps=1024,
+        checkpoint_every=512,
+    )
     assert_resumes_envs_bitwise(ppo, cfg, capsys)
 
     gym.register("rlstore-test/Unknown-v0", entry_point=UnknownCartPole, max_episode_steps=50)
@@ -508,10 +534,24 @@ def test_sigint_and_sigterm_write_a_checkpoint_and_exit_130_143(tmp_path):
     for signum, code in [(signal.SIGINT, 130), (signal.SIGTERM, 143)]:
         logdir = tmp_path / str(signum)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rlstore", "train", "ppo", "--total-timesteps", "10000000",
-             "--checkpoint-every", "0", "--logdir", str(logdir), "--no-progress"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rlstore",
+                "train",
+                "ppo",
+                "--total-timesteps",
+                "10000000",
+                "--checkpoint-every",
+                "0",
+                "--logdir",
+                str(logdir),
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 120
         while not list(logdir.glob("*/events.out.tfevents.*")) and time.time() < deadline:
             time.sleep(0.2)

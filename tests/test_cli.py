@@ -151,8 +151,20 @@ def test_print_config_says_where_each_value_came_from(tmp_path, capsys):
     own = tmp_path / "mine.toml"
     own.write_text("gamma = 0.9\nnum_envs = 2\n")
     logdir = tmp_path / "runs"
-    args = ["train", "a2c", "--env", "Acrobot-v1", "--config", str(own), "--num-envs", "3",
-            "--no-anneal-lr", "--logdir", str(logdir), "--print-config"]  # fmt: skip
+    args = [
+        "train",
+        "a2c",
+        "--env",
+        "Acrobot-v1",
+        "--config",
+        str(own),
+        "--num-envs",
+        "3",
+        "--no-anneal-lr",
+        "--logdir",
+        str(logdir),
+        "--print-config",
+    ]
     with pytest.raises(SystemExit) as exit_:
         main(args)
     assert exit_.value.code == 0 and not logdir.exists()

@@ -49,11 +49,25 @@ def test_shipped_presets_are_valid():
 def test_mujoco_ids_get_the_published_continuous_control_defaults(env_id):
     cfg, preset = config.resolve("ppo", env_id)
     assert preset == config.PRESET_DIR / "ppo" / "mujoco.toml"
-    expected = dict(num_envs=1, num_steps=2048, learning_rate=3e-4, anneal_lr=True,
-                    update_epochs=10, num_minibatches=32, gamma=0.99, gae_lambda=0.95,
-                    clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5,
-                    max_grad_norm=0.5, norm_adv=True, norm_obs=True, norm_reward=True,
-                    total_timesteps=1_000_000)  # fmt: skip
+    expected = dict(
+        num_envs=1,
+        num_steps=2048,
+        learning_rate=3e-4,
+        anneal_lr=True,
+        update_epochs=10,
+        num_minibatches=32,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_coef=0.2,
+        clip_vloss=True,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        norm_adv=True,
+        norm_obs=True,
+        norm_reward=True,
+        total_timesteps=1_000_000,
+    )
     assert {k: getattr(cfg, k) for k in expected} == expected
     cfg, preset = config.resolve("ppo", env_id, {"norm_reward": False})  # flags still win
     assert not cfg.norm_reward and cfg.norm_obs
@@ -61,8 +75,12 @@ def test_mujoco_ids_get_the_published_continuous_control_defaults(env_id):
 
 
 def test_box2d_presets_name_their_source():
-    for name in ("ppo/LunarLander-v3", "dqn/LunarLander-v3", "ppo/BipedalWalker-v3",
-                 "ppo/Pendulum-v1"):  # fmt: skip
+    for name in (
+        "ppo/LunarLander-v3",
+        "dqn/LunarLander-v3",
+        "ppo/BipedalWalker-v3",
+        "ppo/Pendulum-v1",
+    ):
         text = (config.PRESET_DIR / f"{name}.toml").read_text()
         assert "RL Baselines3 Zoo" in text and "hyperparams/" in text
     # A2C's zoo values did not learn LunarLander-v3: the preset says so and whose it is

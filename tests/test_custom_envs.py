@@ -23,10 +23,25 @@ TINY = dict(total_timesteps=512, num_steps=64, progress=False)
 
 
 def test_env_kwargs_are_python_literals_or_strings():
-    assert parse_env_kwargs(["is_slippery=False", "n=3", "p=0.5", "map_name=8x8",
-                             "name='4x4'", "shape=[1, 2]", "empty="]) == {
-        "is_slippery": False, "n": 3, "p": 0.5, "map_name": "8x8", "name": "4x4",
-        "shape": [1, 2], "empty": ""}  # fmt: skip
+    assert parse_env_kwargs(
+        [
+            "is_slippery=False",
+            "n=3",
+            "p=0.5",
+            "map_name=8x8",
+            "name='4x4'",
+            "shape=[1, 2]",
+            "empty=",
+        ]
+    ) == {
+        "is_slippery": False,
+        "n": 3,
+        "p": 0.5,
+        "map_name": "8x8",
+        "name": "4x4",
+        "shape": [1, 2],
+        "empty": "",
+    }
     for bad in ("is_slippery", "=3", "not a name=1"):
         with pytest.raises(UsageError, match="--env-kwargs takes KEY=VALUE items"):
             parse_env_kwargs([bad])
@@ -37,10 +52,26 @@ def test_kwargs_and_wrappers_are_recorded_and_eval_rebuilds_the_env(tmp_path, ca
     config.json keeps both, and `rlstore eval` plays the same env, so each episode's return
     is its length."""
     logdir = str(tmp_path / "runs")
-    code = main(["train", "ppo", "--env", "FrozenLake-v1", "--env-kwargs", "map_name=8x8",
-                 "is_slippery=True", "--wrapper", "space_envs:reward_per_step",
-                 "--total-timesteps", "512", "--num-steps", "64", "--logdir", logdir,
-                 "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "ppo",
+            "--env",
+            "FrozenLake-v1",
+            "--env-kwargs",
+            "map_name=8x8",
+            "is_slippery=True",
+            "--wrapper",
+            "space_envs:reward_per_step",
+            "--total-timesteps",
+            "512",
+            "--num-steps",
+            "64",
+            "--logdir",
+            logdir,
+            "--no-progress",
+        ]
+    )
     assert code == 0
     run_dir = only_run_dir(logdir)
     config = json.loads((run_dir / "config.json").read_text())
@@ -57,10 +88,15 @@ def test_kwargs_and_wrappers_are_recorded_and_eval_rebuilds_the_env(tmp_path, ca
 def test_wrappers_apply_in_order_with_every_vectorization(tmp_path):
     for vectorization in ("sync", "async"):
         result = rlstore.train(
-            "a2c", env="space_envs:BitParity-v0", vectorization=vectorization,
-            wrapper=("space_envs:reward_per_step",), num_envs=2, total_timesteps=100,
-            logdir=str(tmp_path), progress=False,
-        )  # fmt: skip
+            "a2c",
+            env="space_envs:BitParity-v0",
+            vectorization=vectorization,
+            wrapper=("space_envs:reward_per_step",),
+            num_envs=2,
+            total_timesteps=100,
+            logdir=str(tmp_path),
+            progress=False,
+        )
         assert set(result.episode_returns) == {5.0}  # five steps, 1 each
 
 
@@ -87,8 +123,9 @@ def test_an_id_registered_by_a_module_of_the_user_records_the_module(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", eval_code], capture_output=True, text=True,
-                          cwd=Path(__file__).parent)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", eval_code], capture_output=True, text=True, cwd=Path(__file__).parent
+    )
     assert done.returncode == 0, done.stderr
     assert "eval ppo space_envs:BitParity-v0" in done.stdout
 
@@ -97,9 +134,13 @@ def test_learns_the_slippery_free_lake(tmp_path):
     """PPO on FrozenLake-v1 with is_slippery=False: every evaluation episode reaches the
     goal in the 6 steps of a shortest path."""
     result = rlstore.train(
-        "ppo", env="FrozenLake-v1", env_kwargs=("is_slippery=False",), total_timesteps=10_000,
-        logdir=str(tmp_path), progress=False,
-    )  # fmt: skip
+        "ppo",
+        env="FrozenLake-v1",
+        env_kwargs=("is_slippery=False",),
+        total_timesteps=10_000,
+        logdir=str(tmp_path),
+        progress=False,
+    )
     scores = evaluate(result.run_dir, episodes=5)
     assert scores["returns"] == [1.0] * 5 and scores["lengths"] == [6] * 5
 
@@ -132,14 +173,17 @@ def test_train_from_python_refuses_what_it_cannot_record(env, message, tmp_path)
         (["--wrapper", "space_envs"], "--wrapper takes module:Callable, got 'space_envs'"),
         (["--wrapper", "space_envs:not_a_wrapper"], "returned str, not a gymnasium Env"),
         (["--wrapper", "space_envs:BitParity.metadata"], "'BitParity.metadata' is a dict"),
-        (["--vectorization", "native", "--wrapper", "space_envs:reward_per_step"],
-         "--vectorization native cannot build FrozenLake-v1"),
+        (
+            ["--vectorization", "native", "--wrapper", "space_envs:reward_per_step"],
+            "--vectorization native cannot build FrozenLake-v1",
+        ),
     ],
-)  # fmt: skip
+)
 def test_custom_env_mistakes_are_one_line(args, message, tmp_path, capsys):
     logdir = tmp_path / "runs"
-    code = main(["train", "ppo", "--env", "FrozenLake-v1", *args, "--logdir", str(logdir),
-                 "--no-progress"])  # fmt: skip
+    code = main(
+        ["train", "ppo", "--env", "FrozenLake-v1", *args, "--logdir", str(logdir), "--no-progress"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert message in err
@@ -164,8 +208,21 @@ def test_the_console_command_finds_a_module_in_the_working_directory(tmp_path):
     )
     tests_dir = str(Path(__file__).parent)  # (space_envs, which the module's entry point names)
     done = subprocess.run(
-        [str(rlstore_command), "train", "ppo", "--env", "bits_here:BitsHere-v0",
-         "--total-timesteps", "512", "--no-progress", "--logdir", "runs"],
-        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": tests_dir},
-    )  # fmt: skip
+        [
+            str(rlstore_command),
+            "train",
+            "ppo",
+            "--env",
+            "bits_here:BitsHere-v0",
+            "--total-timesteps",
+            "512",
+            "--no-progress",
+            "--logdir",
+            "runs",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": tests_dir},
+    )
     assert done.returncode == 0, done.stderr

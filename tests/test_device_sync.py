@@ -80,8 +80,15 @@ def optimizer_for(model: nn.Module, device: torch.device, monkeypatch):
 def ppo_iteration(device, watch, tmp_path, monkeypatch):
     """Build (copying the network to the device may block), then one iteration of PPO's
     loop under `watch`: collect, returns, update."""
-    cfg = PPOConfig(num_envs=N, num_steps=T, num_minibatches=2, device="cpu",
-                    logdir=str(tmp_path), progress=False, track_tensorboard=False)  # fmt: skip
+    cfg = PPOConfig(
+        num_envs=N,
+        num_steps=T,
+        num_minibatches=2,
+        device="cpu",
+        logdir=str(tmp_path),
+        progress=False,
+        track_tensorboard=False,
+    )
     run = Run(cfg, "ppo")  # counts the steps; the parts live on `device`
     agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), device)
     optimizer = optimizer_for(agent, device, monkeypatch)
@@ -134,8 +141,16 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
     network = SquashedGaussianActorCritic if algo == "sac" else DeterministicActorCritic
     critics = {"critics": 1} if algo == "ddpg" else {}
     agent = network(3, space.low, space.high, (16, 16), **critics).to(device)
-    buffer = ReplayBuffer(100, N, (3,), torch.float32, action_shape=(1,),
-                          action_dtype=torch.float32, device=device, seed=1)  # fmt: skip
+    buffer = ReplayBuffer(
+        100,
+        N,
+        (3,),
+        torch.float32,
+        action_shape=(1,),
+        action_dtype=torch.float32,
+        device=device,
+        seed=1,
+    )
     obs, _ = envs.reset(seed=1)
     with watch:
         for _ in range(T):
@@ -147,9 +162,11 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
         if algo == "sac":
             cfg, target = sac.SACConfig(batch_size=32), copy.deepcopy(agent.critic)
             entropy = sac.EntropyCoefficient().to(device)
-            optimizers = sac.Optimizers(optimizer_for(agent.actor, device, monkeypatch),
-                                        optimizer_for(agent.critic, device, monkeypatch),
-                                        optimizer_for(entropy, device, monkeypatch))  # fmt: skip
+            optimizers = sac.Optimizers(
+                optimizer_for(agent.actor, device, monkeypatch),
+                optimizer_for(agent.critic, device, monkeypatch),
+                optimizer_for(entropy, device, monkeypatch),
+            )
             for number in (1, 2):  # the second with the actor and the entropy steps
                 sac.gradient_step(number, agent, target, entropy, optimizers, buffer, cfg, -1.0)
         else:
@@ -202,8 +219,9 @@ def test_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
 def test_offpolicy_loop_reads_the_device_only_at_the_env_boundary(
     algo, env_boundary, tmp_path, monkeypatch
 ):
-    steps = offpolicy_steps(algo, torch.device("meta"), contextlib.nullcontext(), tmp_path,
-                            monkeypatch)  # fmt: skip
+    steps = offpolicy_steps(
+        algo, torch.device("meta"), contextlib.nullcontext(), tmp_path, monkeypatch
+    )
     assert 0 < len(env_boundary) <= steps
     assert all(shape == (N, 1) for shape in env_boundary)
 
@@ -216,8 +234,9 @@ def test_offpolicy_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        steps = offpolicy_steps(algo, torch.device("cuda"), contextlib.nullcontext(), tmp_path,
-                                monkeypatch)  # fmt: skip
+        steps = offpolicy_steps(
+            algo, torch.device("cuda"), contextlib.nullcontext(), tmp_path, monkeypatch
+        )
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert 0 < len(env_boundary) <= steps

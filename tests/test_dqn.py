@@ -57,8 +57,13 @@ def test_soft_target_updates_move_by_tau(logdir):
 
     def watch(run):
         target_network, q_network = run.state.parts["target_model"], run.state.policy
-        seen.append((run.global_step, [p.clone() for p in target_network.parameters()],
-                     [p.clone() for p in q_network.parameters()]))  # fmt: skip
+        seen.append(
+            (
+                run.global_step,
+                [p.clone() for p in target_network.parameters()],
+                [p.clone() for p in q_network.parameters()],
+            )
+        )
 
     dqn.train(tiny(logdir, tau=0.5, total_timesteps=1300), callbacks=[Watch(watch)])
     before = next(t for step, t, _ in seen if step == 1199)

@@ -95,7 +95,7 @@ def test_multi_discrete_of_two_dimensions_is_flattened_in_order():
         spaces.MultiBinary(5),
         spaces.MultiBinary([2, 3]),
         spaces.Box(0, 255, (8, 8), np.uint8),
-    ],  # fmt: skip
+    ],
 )
 def test_vectors_and_binary_are_flattened_floats(space):
     obs = np.stack([space.sample() for _ in range(4)])
@@ -158,8 +158,13 @@ def test_minigrid_sized_images_give_the_small_cnns_features():
 
 
 PAIR = spaces.Tuple((spaces.MultiBinary(2), spaces.Box(-1, 1, (2,))))
-DICT = spaces.Dict({"image": spaces.Box(0, 255, (7, 7, 3), np.uint8),
-                    "direction": spaces.Discrete(4), "pair": PAIR})  # fmt: skip
+DICT = spaces.Dict(
+    {
+        "image": spaces.Box(0, 255, (7, 7, 3), np.uint8),
+        "direction": spaces.Discrete(4),
+        "pair": PAIR,
+    }
+)
 TUPLE = spaces.Tuple((spaces.Discrete(32), spaces.Discrete(11), spaces.Discrete(2)))  # Blackjack
 
 
@@ -170,10 +175,16 @@ def batch_of(space, n):
 
 @pytest.mark.parametrize(
     "space",
-    [spaces.Discrete(4, start=1), spaces.MultiDiscrete([3, 2], start=[1, 0]),
-     spaces.MultiBinary(3), spaces.Box(-1, 1, (2, 3)), spaces.Box(0, 255, (7, 7, 3), np.uint8),
-     DICT, TUPLE],
-)  # fmt: skip
+    [
+        spaces.Discrete(4, start=1),
+        spaces.MultiDiscrete([3, 2], start=[1, 0]),
+        spaces.MultiBinary(3),
+        spaces.Box(-1, 1, (2, 3)),
+        spaces.Box(0, 255, (7, 7, 3), np.uint8),
+        DICT,
+        TUPLE,
+    ],
+)
 def test_descriptions_rebuild_the_same_encoder(space):
     description = describe_space(space)
     import json
@@ -195,8 +206,11 @@ def test_dict_and_tuple_encoders_concatenate_their_parts_encoders():
     encoder = encoder_for(DICT)
     assert isinstance(encoder, CombinedEncoder) and not hasattr(encoder, "host")  # (a CNN)
     obs = batch_of(DICT, 5)
-    alone = [encoder.parts["direction"](obs["direction"]), encoder.parts["image"](obs["image"]),
-             encoder.parts["pair"](obs["pair"])]  # fmt: skip
+    alone = [
+        encoder.parts["direction"](obs["direction"]),
+        encoder.parts["image"](obs["image"]),
+        encoder.parts["pair"](obs["pair"]),
+    ]
     torch.testing.assert_close(encoder(obs), torch.cat(alone, dim=1))
     direction = nn.functional.one_hot(obs["direction"], 4).float()
     torch.testing.assert_close(alone[0], direction)
@@ -209,16 +223,25 @@ def test_dict_and_tuple_encoders_concatenate_their_parts_encoders():
     expected = np.concatenate([np.eye(n)[x] for n, x in zip((32, 11, 2), obs)], axis=1)
     np.testing.assert_array_equal(blackjack.host(obs), expected)
     np.testing.assert_array_equal(blackjack(as_tensors(obs)).numpy(), expected)
-    assert stored_dtype(DICT) == {"direction": np.int64, "image": np.uint8,
-                                  "pair": (np.int8, np.float32)}  # fmt: skip
+    assert stored_dtype(DICT) == {
+        "direction": np.int64,
+        "image": np.uint8,
+        "pair": (np.int8, np.float32),
+    }
 
 
 @pytest.mark.parametrize(
     "space, part",
-    [(spaces.Text(5), ""), (spaces.Dict({"a": spaces.Discrete(2), "m": spaces.Text(4)}), "['m']"),
-     (spaces.Tuple([spaces.Discrete(2), spaces.Sequence(spaces.Discrete(2))]), "[1]"),
-     (spaces.Dict({"x": spaces.Tuple([spaces.Graph(spaces.Box(0, 1, (2,)), None)])}), "['x'][0]")],
-)  # fmt: skip
+    [
+        (spaces.Text(5), ""),
+        (spaces.Dict({"a": spaces.Discrete(2), "m": spaces.Text(4)}), "['m']"),
+        (spaces.Tuple([spaces.Discrete(2), spaces.Sequence(spaces.Discrete(2))]), "[1]"),
+        (
+            spaces.Dict({"x": spaces.Tuple([spaces.Graph(spaces.Box(0, 1, (2,)), None)])}),
+            "['x'][0]",
+        ),
+    ],
+)
 def test_spaces_without_an_encoder_are_named(space, part):
     with pytest.raises(UnsupportedSpace, match="cannot encode") as error:
         describe_space(space)
@@ -249,14 +272,24 @@ def build(network_class, space):
 
 @pytest.mark.parametrize(
     "network_class",
-    [ActorCritic, QNetwork, RecurrentActorCritic, SquashedGaussianActorCritic,
-     DeterministicActorCritic],
-)  # fmt: skip
+    [
+        ActorCritic,
+        QNetwork,
+        RecurrentActorCritic,
+        SquashedGaussianActorCritic,
+        DeterministicActorCritic,
+    ],
+)
 @pytest.mark.parametrize(
     "space",
-    [spaces.Discrete(6), spaces.MultiDiscrete([2, 3]), spaces.Box(-1, 1, (2, 2)), TUPLE,
-     spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Tuple((spaces.Box(-1, 1, (2,)),))})],
-)  # fmt: skip
+    [
+        spaces.Discrete(6),
+        spaces.MultiDiscrete([2, 3]),
+        spaces.Box(-1, 1, (2, 2)),
+        TUPLE,
+        spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Tuple((spaces.Box(-1, 1, (2,)),))}),
+    ],
+)
 def test_networks_rebuilt_from_their_spec_act_the_same(network_class, space):
     network, action_space = build(network_class, space)
     spec = policy_spec(network, space, action_space)
@@ -270,8 +303,9 @@ def test_networks_rebuilt_from_their_spec_act_the_same(network_class, space):
     elif network_class is QNetwork:
         torch.testing.assert_close(rebuilt.q_values(obs), network.q_values(obs))
     else:
-        torch.testing.assert_close(rebuilt.deterministic_action(obs),
-                                   network.deterministic_action(obs))  # fmt: skip
+        torch.testing.assert_close(
+            rebuilt.deterministic_action(obs), network.deterministic_action(obs)
+        )
 
 
 def test_older_model_specs_without_an_observation_rebuild_flat_vectors():
@@ -322,10 +356,14 @@ def test_host_ppo_step_on_one_hots_is_the_torch_step():
     B = 32
     f32 = lambda: torch.from_numpy(rng.normal(size=B).astype(np.float32))  # noqa: E731
     for _ in range(2):
-        batch = RolloutBatch(obs=torch.from_numpy(rng.integers(0, 7, B)),
-                             actions=torch.from_numpy(rng.integers(0, 3, B)),
-                             log_probs=f32() - 1, values=f32(), advantages=f32(),
-                             returns=f32())  # fmt: skip
+        batch = RolloutBatch(
+            obs=torch.from_numpy(rng.integers(0, 7, B)),
+            actions=torch.from_numpy(rng.integers(0, 3, B)),
+            log_probs=f32() - 1,
+            values=f32(),
+            advantages=f32(),
+            returns=f32(),
+        )
         expected = reference_ppo_step(agent, opt, batch, cfg)
         got = fast(batch, cfg)
         torch.testing.assert_close(got["loss"], expected["loss"].detach(), rtol=1e-4, atol=1e-5)
@@ -352,11 +390,16 @@ def test_host_dqn_step_and_greedy_actor_on_one_hots_are_the_torch_ones():
     rng = np.random.default_rng(7)
     B = 64
     obs = lambda: torch.from_numpy(np.stack([space.sample() for _ in range(B)]))  # noqa: E731
-    batch = ReplayBatch(obs=obs(), actions=torch.from_numpy(rng.integers(0, 3, B)),
-                        rewards=torch.from_numpy(rng.normal(size=B).astype(np.float32)),
-                        next_obs=obs(), terminated=torch.from_numpy(rng.random(B) < 0.2),
-                        discounts=torch.full((B,), 0.99), weights=torch.ones(B),
-                        indices=torch.arange(B))  # fmt: skip
+    batch = ReplayBatch(
+        obs=obs(),
+        actions=torch.from_numpy(rng.integers(0, 3, B)),
+        rewards=torch.from_numpy(rng.normal(size=B).astype(np.float32)),
+        next_obs=obs(),
+        terminated=torch.from_numpy(rng.random(B) < 0.2),
+        discounts=torch.full((B,), 0.99),
+        weights=torch.ones(B),
+        indices=torch.arange(B),
+    )
     expected = td_loss(q, target, batch, cfg)
     opt.zero_grad()
     expected[0].backward()

@@ -186,8 +186,9 @@ def test_update_one_is_update_for_one_env():
     batched, scalar = EpisodeStats(1), EpisodeStats(1)
     for _ in range(200):
         reward, terminated, truncated = float(rng.normal()), rng.random() < 0.1, rng.random() < 0.05
-        returns, lengths = batched.update(np.array([reward]), np.array([terminated]),
-                                          np.array([truncated]))  # fmt: skip
+        returns, lengths = batched.update(
+            np.array([reward]), np.array([terminated]), np.array([truncated])
+        )
         ended = scalar.update_one(reward, terminated or truncated)
         assert (ended is None) == (len(returns) == 0)
         if ended is not None:

@@ -94,8 +94,15 @@ def test_eval_dqn_and_continuous_policies(tmp_path, capsys):
     np.testing.assert_array_equal(policy(obs), q.argmax(-1))  # acts greedily on them
     with pytest.raises(TypeError, match="use q_values"):
         policy.value(obs)
-    run_dir = ppo.train(PPOConfig(env_id="Pendulum-v1", total_timesteps=512, num_steps=64,
-                                  logdir=str(tmp_path / "p"), **COMMON)).run_dir  # fmt: skip
+    run_dir = ppo.train(
+        PPOConfig(
+            env_id="Pendulum-v1",
+            total_timesteps=512,
+            num_steps=64,
+            logdir=str(tmp_path / "p"),
+            **COMMON,
+        )
+    ).run_dir
     policy = rlstore.load_policy(run_dir / "model.pt")
     actions = policy(np.zeros((64, 3), np.float32), deterministic=False)
     assert actions.shape == (64, 1) and np.all(np.abs(actions) <= 2.0)  # clipped to the env

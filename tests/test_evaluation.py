@@ -35,9 +35,14 @@ def test_evaluation_never_changes_the_training_run(algo, tmp_path):
     plain = module.train(replace(cfg, logdir=str(tmp_path / "plain")))
     every = cfg.steps_run // 4
     watched = module.train(
-        replace(cfg, logdir=str(tmp_path / "eval"), eval_every=every, eval_episodes=2,
-                eval_stochastic=True)
-    )  # fmt: skip
+        replace(
+            cfg,
+            logdir=str(tmp_path / "eval"),
+            eval_every=every,
+            eval_episodes=2,
+            eval_stochastic=True,
+        )
+    )
     assert watched.episode_returns == plain.episode_returns
     assert same_params(params(watched.model), params(plain.model))
     # at the end of the iteration that crosses each multiple of eval_every, and at the end
@@ -76,9 +81,16 @@ def test_rlstore_eval_best_replays_the_evaluation_that_made_the_best_model(tmp_p
 
 def test_best_model_is_written_only_when_the_mean_improves(tmp_path):
     """Evaluator's bookkeeping on a policy whose returns are set by hand."""
-    config = {"env_id": "CartPole-v1", "seed": 3, "eval_every": 10, "eval_episodes": 1,
-              "eval_stochastic": False, "capture_video": False, "video_every": 1,
-              "max_episode_steps": None}  # fmt: skip
+    config = {
+        "env_id": "CartPole-v1",
+        "seed": 3,
+        "eval_every": 10,
+        "eval_episodes": 1,
+        "eval_stochastic": False,
+        "capture_video": False,
+        "video_every": 1,
+        "max_episode_steps": None,
+    }
     _, cfg = SETUPS["ppo"]
     network = ppo.train(replace(cfg, logdir=str(tmp_path / "run"), total_timesteps=512)).model
     spec = read_policy(next((tmp_path / "run").iterdir()) / "model.pt")["policy"]
@@ -119,9 +131,12 @@ def test_a_resumed_run_evaluates_and_picks_the_best_as_the_uninterrupted_one(tmp
     with pytest.raises(TrainingInterrupted):
         dqn.train(replace(cfg, logdir=str(tmp_path / "cut")), callbacks=[Watch(interrupt)])
     (run_dir,) = (tmp_path / "cut").iterdir()
-    assert [e["global_step"] for e in torch.load(
-        next((run_dir / "checkpoints").iterdir()), weights_only=True)["evaluation"]["history"]
-    ] == [500, 1000]  # fmt: skip
+    assert [
+        e["global_step"]
+        for e in torch.load(next((run_dir / "checkpoints").iterdir()), weights_only=True)[
+            "evaluation"
+        ]["history"]
+    ] == [500, 1000]
     resumed = dqn.train(replace(cfg, logdir=str(tmp_path / "cut")), resume=run_dir)
     assert same_params(params(resumed.model), params(full.model))
     assert evaluations(run_dir) == evaluations(full.run_dir)
@@ -146,8 +161,11 @@ def test_evaluations_reach_tensorboard_and_callbacks(tmp_path, capsys):
     assert seen == [(e["global_step"], e["mean_return"]) for e in history]
     events = EventAccumulator(str(result.run_dir))
     events.Reload()
-    for tag, key in [("eval/mean_return", "mean_return"), ("eval/std_return", "std_return"),
-                     ("eval/mean_length", "mean_length")]:  # fmt: skip
+    for tag, key in [
+        ("eval/mean_return", "mean_return"),
+        ("eval/std_return", "std_return"),
+        ("eval/mean_length", "mean_length"),
+    ]:
         logged = [(e.step, e.value) for e in events.Scalars(tag)]
         assert logged == [(e["global_step"], pytest.approx(e[key])) for e in history]
     assert "rlstore: eval at step 1,024: return" in capsys.readouterr().err
@@ -178,9 +196,14 @@ def test_episodes_played_side_by_side_equal_a_naive_one_at_a_time_loop(algo, env
 
     _, cfg = SETUPS[algo]
     result = rlstore.algos.get(algo).train(
-        replace(cfg, logdir=str(tmp_path), env_id=env_id, max_episode_steps=None,
-                total_timesteps=1024 if algo == "ppo" else 400)
-    )  # fmt: skip
+        replace(
+            cfg,
+            logdir=str(tmp_path),
+            env_id=env_id,
+            max_episode_steps=None,
+            total_timesteps=1024 if algo == "ppo" else 400,
+        )
+    )
     policy = rlstore.load_policy(result.run_dir)
     seed = eval_seed(policy.config)
     assert seed == policy.config["seed"] + 10_000
@@ -230,15 +253,22 @@ def test_capture_video_writes_mp4s_and_a_tensorboard_video(tmp_path, monkeypatch
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "not-there"))
     _, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, logdir=str(tmp_path), eval_every=512, eval_episodes=2,
-                  capture_video=True, video_every=2)  # fmt: skip
+    cfg = replace(
+        cfg,
+        logdir=str(tmp_path),
+        eval_every=512,
+        eval_episodes=2,
+        capture_video=True,
+        video_every=2,
+    )
     result = ppo.train(cfg)
     history = evaluations(result.run_dir)
     recorded = [e for e in history if "video" in e]
     assert [e["global_step"] for e in recorded] == [512, 1536]
     assert sorted(p.name for p in (result.run_dir / "videos").iterdir()) == [
-        "eval-step-1536.mp4", "eval-step-512.mp4"
-    ]  # fmt: skip
+        "eval-step-1536.mp4",
+        "eval-step-512.mp4",
+    ]
     events = EventAccumulator(str(result.run_dir), size_guidance={"images": 0})
     events.Reload()
     images = events.Images("eval/video")
@@ -266,8 +296,14 @@ def test_eval_stochastic_and_eval_episodes_reach_the_evaluation(stochastic, tmp_
 
     monkeypatch.setattr(rlstore.Policy, "__call__", watched)
     _, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, logdir=str(tmp_path), total_timesteps=512, eval_every=256,
-                  eval_episodes=3, eval_stochastic=stochastic)  # fmt: skip
+    cfg = replace(
+        cfg,
+        logdir=str(tmp_path),
+        total_timesteps=512,
+        eval_every=256,
+        eval_episodes=3,
+        eval_stochastic=stochastic,
+    )
     history = evaluations(ppo.train(cfg).run_dir)
     assert seen == {not stochastic}
     assert [len(e["returns"]) for e in history] == [3, 3]
@@ -304,8 +340,9 @@ def test_track_sends_config_and_scalars_to_wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     _, cfg = SETUPS["ppo"]
-    cfg = replace(cfg, logdir=str(tmp_path), total_timesteps=1024, eval_every=512,
-                  eval_episodes=2, track=True)  # fmt: skip
+    cfg = replace(
+        cfg, logdir=str(tmp_path), total_timesteps=1024, eval_every=512, eval_episodes=2, track=True
+    )
     result = ppo.train(cfg)
     # W&B's service process writes the file after finish() returns: wait for its end
     deadline = time.monotonic() + 60
@@ -322,10 +359,16 @@ def test_track_sends_config_and_scalars_to_wandb_offline(tmp_path, monkeypatch):
     assert run.run_id == result.run_dir.name
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["learning_rate"] == cfg.learning_rate and config["algo"] == "ppo"
-    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in records if r.WhichOneof("record_type") == "history"]  # fmt: skip
-    returns = [(r["global_step"], r["charts/episodic_return"]) for r in rows
-               if "charts/episodic_return" in r]  # fmt: skip
+    rows = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+    returns = [
+        (r["global_step"], r["charts/episodic_return"])
+        for r in rows
+        if "charts/episodic_return" in r
+    ]
     assert returns == list(zip(result.episode_steps, result.episode_returns, strict=True))
     evals = [(r["global_step"], r["eval/mean_return"]) for r in rows if "eval/mean_return" in r]
     history = evaluations(result.run_dir)

@@ -59,8 +59,9 @@ def test_checkpoint_cadence_is_not_part_of_a_runs_identity(tmp_path):
     cfg, _ = spec.config()
     record = {"algo": "sac", **dataclasses.asdict(cfg), "checkpoint_every": 100_000}
     (tmp_path / "config.json").write_text(json.dumps(record))
-    check_same_config(tmp_path, "sac", dataclasses.replace(cfg, checkpoint_every=25_000,
-                                                           keep_checkpoints=5))  # fmt: skip
+    check_same_config(
+        tmp_path, "sac", dataclasses.replace(cfg, checkpoint_every=25_000, keep_checkpoints=5)
+    )
     with pytest.raises(UsageError, match="other settings \\(tau\\)"):
         check_same_config(tmp_path, "sac", dataclasses.replace(cfg, tau=0.01))
 

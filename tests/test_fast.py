@@ -75,12 +75,14 @@ def test_host_actor_critic_acts_as_the_torch_policy(continuous):
         assert action.dtype == (np.float32 if continuous else np.int64)
         assert log_prob.dtype == value.dtype == np.float32
         with torch.no_grad():
-            expected_lp, _, expected_v = agent.evaluate(torch.from_numpy(obs),
-                                                        torch.from_numpy(action))  # fmt: skip
+            expected_lp, _, expected_v = agent.evaluate(
+                torch.from_numpy(obs), torch.from_numpy(action)
+            )
         torch.testing.assert_close(torch.from_numpy(log_prob), expected_lp, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(value), expected_v, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(torch.from_numpy(agent.act_on_host.value(obs)), expected_v,
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            torch.from_numpy(agent.act_on_host.value(obs)), expected_v, rtol=1e-5, atol=1e-5
+        )
         np.random.seed(5)
         again = agent.act_on_host(obs)[0]
         np.testing.assert_array_equal(again, action)
@@ -320,10 +322,20 @@ def test_one_env_dqn_step_is_the_loops_step(
             monkeypatch.setattr(LeanDQNStep, "supports", staticmethod(lambda *args: False))
         general_steps.clear()
         seen = {}
-        cfg = DQNConfig(env_id=env_id, total_timesteps=3000, learning_starts=500,
-                        buffer_size=700, batch_size=32, max_episode_steps=40,
-                        sign_rewards=sign_rewards, seed=5, device="cpu", progress=False,
-                        track_tensorboard=False, logdir=str(tmp_path / str(fast)))  # fmt: skip
+        cfg = DQNConfig(
+            env_id=env_id,
+            total_timesteps=3000,
+            learning_starts=500,
+            buffer_size=700,
+            batch_size=32,
+            max_episode_steps=40,
+            sign_rewards=sign_rewards,
+            seed=5,
+            device="cpu",
+            progress=False,
+            track_tensorboard=False,
+            logdir=str(tmp_path / str(fast)),
+        )
         result = dqn.train(cfg, callbacks=[Watch(lambda run: seen.update(run.state.parts))])
         return result, seen["buffer"].state_dict(), np.random.get_state(), len(general_steps)
 
@@ -345,8 +357,10 @@ def test_one_env_dqn_step_is_the_loops_step(
 
 
 @pytest.mark.parametrize("continuous", [False, True])
-@pytest.mark.parametrize("clip_vloss, norm_adv, max_grad_norm", [
-    (True, True, 0.5), (False, False, 0.5), (True, True, 100.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "clip_vloss, norm_adv, max_grad_norm",
+    [(True, True, 0.5), (False, False, 0.5), (True, True, 100.0)],
+)
 def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_grad_norm):
     """Three minibatch steps: parameters, Adam's state and the losses equal those of the
     torch path (ppo_loss, backward, clip_grad_norm_, fused Adam) to float32 rounding."""
@@ -355,8 +369,13 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
     from rlstore.algos.ppo import PPOConfig
     from rlstore.host_updates import HostPPOStep
 
-    cfg = PPOConfig(clip_vloss=clip_vloss, norm_adv=norm_adv, max_grad_norm=max_grad_norm,
-                    ent_coef=0.05, clip_coef=0.2)  # fmt: skip
+    cfg = PPOConfig(
+        clip_vloss=clip_vloss,
+        norm_adv=norm_adv,
+        max_grad_norm=max_grad_norm,
+        ent_coef=0.05,
+        clip_coef=0.2,
+    )
     torch.manual_seed(4)
     agent = ActorCritic(5, 3, continuous=continuous)
     twin = copy.deepcopy(agent)
@@ -375,14 +394,16 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
         for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
             torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)
             for name in ("exp_avg", "exp_avg_sq", "step"):
-                torch.testing.assert_close(twin_opt.state[q][name], opt.state[p][name],
-                                           rtol=1e-3, atol=1e-7)  # fmt: skip
+                torch.testing.assert_close(
+                    twin_opt.state[q][name], opt.state[p][name], rtol=1e-3, atol=1e-7
+                )
     assert not HostPPOStep.supports(agent, torch.optim.SGD(agent.parameters(), lr=0.1))
 
 
-@pytest.mark.parametrize("loss, double_dqn, prioritized, max_grad_norm", [
-    ("mse", False, False, None), ("huber", True, True, 10.0),
-    ("huber", False, False, 0.1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "loss, double_dqn, prioritized, max_grad_norm",
+    [("mse", False, False, None), ("huber", True, True, 10.0), ("huber", False, False, 0.1)],
+)
 def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad_norm):
     """Three gradient steps: parameters, loss, TD errors and Q(s, a) equal the
     torch path's (td_loss, backward, clipping, fused Adam) to float32 rounding."""
@@ -392,8 +413,9 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
     from rlstore.host_updates import HostDQNStep
     from rlstore.storage.replay import ReplayBatch
 
-    cfg = DQNConfig(loss=loss, double_dqn=double_dqn, prioritized=prioritized,
-                    max_grad_norm=max_grad_norm)  # fmt: skip
+    cfg = DQNConfig(
+        loss=loss, double_dqn=double_dqn, prioritized=prioritized, max_grad_norm=max_grad_norm
+    )
     torch.manual_seed(6)
     q, target = QNetwork(4, 3), QNetwork(4, 3)  # a target that differs from the online net
     twin, twin_target = copy.deepcopy(q), copy.deepcopy(target)
@@ -407,11 +429,16 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
     f32 = lambda *shape: torch.from_numpy(rng.normal(size=shape).astype(np.float32))  # noqa: E731
     for _ in range(3):
         B = 64
-        batch = ReplayBatch(obs=f32(B, 4), actions=torch.from_numpy(rng.integers(0, 3, B)),
-                            rewards=f32(B) * 3, next_obs=f32(B, 4),
-                            terminated=torch.from_numpy(rng.random(B) < 0.2),
-                            discounts=torch.full((B,), 0.99 ** 2), weights=f32(B).abs(),
-                            indices=torch.arange(B))  # fmt: skip
+        batch = ReplayBatch(
+            obs=f32(B, 4),
+            actions=torch.from_numpy(rng.integers(0, 3, B)),
+            rewards=f32(B) * 3,
+            next_obs=f32(B, 4),
+            terminated=torch.from_numpy(rng.random(B) < 0.2),
+            discounts=torch.full((B,), 0.99**2),
+            weights=f32(B).abs(),
+            indices=torch.arange(B),
+        )
         expected = td_loss(q, target, batch, cfg)
         opt.zero_grad()
         expected[0].backward()
@@ -441,8 +468,10 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
     torch.manual_seed(8)
     agent = ActorCritic(5, 3, continuous=continuous)
     twin = copy.deepcopy(agent)
-    make = lambda net: torch.optim.RMSprop(net.parameters(), lr=7e-3, alpha=0.99, eps=1e-5,  # noqa: E731
-                                           foreach=True)  # fmt: skip
+
+    def make(net):
+        return torch.optim.RMSprop(net.parameters(), lr=7e-3, alpha=0.99, eps=1e-5, foreach=True)
+
     opt, twin_opt = make(agent), make(twin)
     assert HostA2CStep.supports(twin, twin_opt)
     assert not HostA2CStep.supports(twin, torch.optim.Adam(twin.parameters()))
@@ -464,8 +493,9 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
         for p, q in zip(agent.parameters(), twin.parameters(), strict=True):
             torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-4)
             expected_avg = opt.state[p]["square_avg"]
-            torch.testing.assert_close(twin_opt.state[q]["square_avg"], expected_avg,
-                                       rtol=1e-3, atol=1e-8)  # fmt: skip
+            torch.testing.assert_close(
+                twin_opt.state[q]["square_avg"], expected_avg, rtol=1e-3, atol=1e-8
+            )
 
 
 @pytest.mark.slow
@@ -492,9 +522,15 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
     assert "dynamo imported: False" in out.stdout
 
 
-@pytest.mark.parametrize("env_id, normalize", [
-    ("CartPole-v1", False), ("Pendulum-v1", False), ("Pendulum-v1", True),  # Box actions
-    ("CartPole-v1", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "env_id, normalize",
+    [
+        ("CartPole-v1", False),
+        ("Pendulum-v1", False),
+        ("Pendulum-v1", True),  # Box actions
+        ("CartPole-v1", True),
+    ],
+)
 def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, env_id, normalize):
     """Rollouts collected through LeanRollout leave the storage, the vector env, the episode
     statistics, the normalizers, the run and numpy's RNG bit for bit as the loop's own
@@ -507,9 +543,17 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
     from rlstore.run import Run
 
     def collect(lean: bool) -> list:
-        overrides = dict(logdir=str(tmp_path / str(lean)), device="cpu", progress=False,
-                         track_tensorboard=False, max_episode_steps=13, num_steps=32, seed=3,
-                         norm_obs=normalize, norm_reward=normalize)  # fmt: skip
+        overrides = dict(
+            logdir=str(tmp_path / str(lean)),
+            device="cpu",
+            progress=False,
+            track_tensorboard=False,
+            max_episode_steps=13,
+            num_steps=32,
+            seed=3,
+            norm_obs=normalize,
+            norm_reward=normalize,
+        )
         cfg = resolve("ppo", env_id, overrides)[0]
         run = Run(cfg, "ppo")
         agent, storage, state = build_actor_critic(cfg, algos.get("ppo"), run.device)
@@ -524,17 +568,46 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
                 run.stats.prev_done[1] = True
             collect_rollout(agent, storage, state, run)
             envs, stats = state.envs, run.stats
-            seen.append([getattr(storage, name).clone() for name in
-                         ("obs", "actions", "log_probs", "values", "rewards", "terminated",
-                          "truncated", "life_lost", "valid", "prev_done")]  # fmt: skip
-                        + [storage.step, run.global_step, stats.returns.copy(),
-                           stats.lengths.copy(), stats.prev_done.copy()]
-                        + [getattr(envs, name).copy() for name in
-                           ("observations", "rewards", "terminations", "truncations",
-                            "autoreset")]
-                        + [value for part in ("obs_normalizer", "reward_scaler")
-                           if part in state.parts
-                           for value in state.parts[part].state_dict().values()])  # fmt: skip
+            seen.append(
+                [
+                    getattr(storage, name).clone()
+                    for name in (
+                        "obs",
+                        "actions",
+                        "log_probs",
+                        "values",
+                        "rewards",
+                        "terminated",
+                        "truncated",
+                        "life_lost",
+                        "valid",
+                        "prev_done",
+                    )
+                ]
+                + [
+                    storage.step,
+                    run.global_step,
+                    stats.returns.copy(),
+                    stats.lengths.copy(),
+                    stats.prev_done.copy(),
+                ]
+                + [
+                    getattr(envs, name).copy()
+                    for name in (
+                        "observations",
+                        "rewards",
+                        "terminations",
+                        "truncations",
+                        "autoreset",
+                    )
+                ]
+                + [
+                    value
+                    for part in ("obs_normalizer", "reward_scaler")
+                    if part in state.parts
+                    for value in state.parts[part].state_dict().values()
+                ]
+            )
             storage.after_update()
             with torch.no_grad():  # a new policy for the next rollout
                 for p in agent.parameters():
@@ -568,14 +641,26 @@ def filled_rollout(continuous, rng, T=16, N=4, obs_dim=5, action_dim=3):
     returns computed; the stored log-probs are perturbed around an untrained policy's."""
     from rlstore.storage import RolloutStorage
 
-    storage = RolloutStorage(T, N, (obs_dim,), (action_dim,) if continuous else (),
-                             action_dtype=torch.float32 if continuous else torch.int64)  # fmt: skip
+    storage = RolloutStorage(
+        T,
+        N,
+        (obs_dim,),
+        (action_dim,) if continuous else (),
+        action_dtype=torch.float32 if continuous else torch.int64,
+    )
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
     storage.reset(f32(N, obs_dim))
     for _ in range(T):
         action = f32(N, action_dim) if continuous else rng.integers(0, action_dim, N)
-        storage.insert(f32(N, obs_dim), action, f32(N) * 0.3 - (3.0 if continuous else 1.1),
-                       f32(N), f32(N), rng.random(N) < 0.1, rng.random(N) < 0.05)  # fmt: skip
+        storage.insert(
+            f32(N, obs_dim),
+            action,
+            f32(N) * 0.3 - (3.0 if continuous else 1.1),
+            f32(N),
+            f32(N),
+            rng.random(N) < 0.1,
+            rng.random(N) < 0.05,
+        )
     storage.compute_returns(f32(N), 0.99, 0.95)
     return storage
 
@@ -587,8 +672,7 @@ def assert_same_networks(a, b, rtol=1e-4, atol=1e-5):
 
 @pytest.mark.parametrize("continuous", [False, True])
 @pytest.mark.parametrize("target_kl, epochs_run", [(None, 3), (1e-9, 1), (1e9, 3)])
-def test_ppo_update_is_the_same_with_and_without_its_fast_step(continuous, target_kl,
-                                                               epochs_run):  # fmt: skip
+def test_ppo_update_is_the_same_with_and_without_its_fast_step(continuous, target_kl, epochs_run):
     """ppo_update as it runs (HostPPOStep) and as the reference runs (--fast-paths off: the
     torch branch) end at the same parameters, losses and step count; target_kl stops both
     after the first epoch when the KL estimate is above it, and neither when it is not."""
@@ -601,8 +685,9 @@ def test_ppo_update_is_the_same_with_and_without_its_fast_step(continuous, targe
     torch.manual_seed(10)
     agent = ActorCritic(5, 3, continuous=continuous)
     twin = copy.deepcopy(agent)
-    opt, twin_opt = (torch.optim.Adam(n.parameters(), lr=3e-3, eps=1e-5, fused=True)
-                     for n in (agent, twin))  # fmt: skip
+    opt, twin_opt = (
+        torch.optim.Adam(n.parameters(), lr=3e-3, eps=1e-5, fused=True) for n in (agent, twin)
+    )
     storage = filled_rollout(continuous, np.random.default_rng(11))
     torch.manual_seed(12)  # the same minibatch shuffles for both
     fast = ppo_update(agent, opt, storage, cfg)
@@ -628,8 +713,10 @@ def test_a2c_update_is_the_same_with_and_without_its_fast_step(continuous):
     torch.manual_seed(13)
     agent = ActorCritic(5, 3, continuous=continuous)
     twin = copy.deepcopy(agent)
-    opt, twin_opt = (torch.optim.RMSprop(n.parameters(), lr=7e-3, alpha=0.99, eps=1e-5,
-                                         foreach=True) for n in (agent, twin))  # fmt: skip
+    opt, twin_opt = (
+        torch.optim.RMSprop(n.parameters(), lr=7e-3, alpha=0.99, eps=1e-5, foreach=True)
+        for n in (agent, twin)
+    )
     fast_step = HostA2CStep(agent, opt)
     rng = np.random.default_rng(14)
     for _ in range(3):
@@ -642,8 +729,7 @@ def test_a2c_update_is_the_same_with_and_without_its_fast_step(continuous):
 
 
 @pytest.mark.parametrize("prioritized, max_grad_norm", [(False, 0.1), (True, None)])
-def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritized,
-                                                                      max_grad_norm):  # fmt: skip
+def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritized, max_grad_norm):
     """gradient_step on a replay buffer, with HostDQNStep and with the torch branch: five
     steps, the same parameters, losses and (with PER) priorities; max_grad_norm binds."""
     import copy
@@ -652,8 +738,13 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
     from rlstore.host_updates import HostDQNStep
     from rlstore.storage.replay import ReplayBuffer
 
-    cfg = DQNConfig(batch_size=32, prioritized=prioritized, max_grad_norm=max_grad_norm,
-                    double_dqn=True, loss="huber")  # fmt: skip
+    cfg = DQNConfig(
+        batch_size=32,
+        prioritized=prioritized,
+        max_grad_norm=max_grad_norm,
+        double_dqn=True,
+        loss="huber",
+    )
     torch.manual_seed(15)
     q, target = QNetwork(4, 3), QNetwork(4, 3)
     twin, twin_target = copy.deepcopy(q), copy.deepcopy(target)
@@ -663,8 +754,13 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
     obs = rng.normal(size=(2, 4)).astype(np.float32)
     for _ in range(150):
         next_obs = rng.normal(size=(2, 4)).astype(np.float32)
-        step = (rng.integers(0, 3, 2), rng.normal(size=2), next_obs, rng.random(2) < 0.1,
-                rng.random(2) < 0.05)  # fmt: skip
+        step = (
+            rng.integers(0, 3, 2),
+            rng.normal(size=2),
+            next_obs,
+            rng.random(2) < 0.1,
+            rng.random(2) < 0.05,
+        )
         for buffer in buffers:
             buffer.add(obs, *step)
         obs = next_obs
@@ -702,8 +798,9 @@ def test_the_reference_networks_equal_the_fast_ones(continuous):
     assert q_reference.state_dict().keys() == q_fast.state_dict().keys()
     q_reference.load_state_dict(q_fast.state_dict())
     assert torch.equal(q_fast(obs), q_reference(obs))
-    np.testing.assert_array_equal(q_fast.greedy_action(obs.numpy()),
-                                  q_reference.greedy_action(obs.numpy()))  # fmt: skip
+    np.testing.assert_array_equal(
+        q_fast.greedy_action(obs.numpy()), q_reference.greedy_action(obs.numpy())
+    )
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
@@ -720,8 +817,15 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
     from rlstore.run import Callback
 
     called = []
-    for cls in (HostPPOStep, HostA2CStep, HostDQNStep, HostActorCritic, GreedyActor,
-                LeanDQNStep, LeanSyncVectorEnv):  # fmt: skip
+    for cls in (
+        HostPPOStep,
+        HostA2CStep,
+        HostDQNStep,
+        HostActorCritic,
+        GreedyActor,
+        LeanDQNStep,
+        LeanSyncVectorEnv,
+    ):
         method = "step" if cls is LeanSyncVectorEnv else "__call__"
         original = getattr(cls, method)
 
@@ -731,8 +835,14 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
 
         monkeypatch.setattr(cls, method, watched)
     original_collect = LeanRollout.collect
-    monkeypatch.setattr(LeanRollout, "collect", lambda self, general_step: (
-        called.append("LeanRollout"), original_collect(self, general_step)))  # fmt: skip
+    monkeypatch.setattr(
+        LeanRollout,
+        "collect",
+        lambda self, general_step: (
+            called.append("LeanRollout"),
+            original_collect(self, general_step),
+        ),
+    )
     kinds = []
 
     class EnvKind(Callback):
@@ -743,10 +853,20 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
         called.clear()
         kinds.clear()
         extra = {"learning_starts": 500} if algo == "dqn" else {}
-        cfg, preset = resolve(algo, "CartPole-v1", dict(
-            total_timesteps=1500, fast_paths=fast_paths, vectorization="sync",
-            logdir=str(tmp_path), progress=False,
-            checkpoint_every=0, track_tensorboard=False, **extra))  # fmt: skip
+        cfg, preset = resolve(
+            algo,
+            "CartPole-v1",
+            dict(
+                total_timesteps=1500,
+                fast_paths=fast_paths,
+                vectorization="sync",
+                logdir=str(tmp_path),
+                progress=False,
+                checkpoint_every=0,
+                track_tensorboard=False,
+                **extra,
+            ),
+        )
         algos.get(algo).train(cfg, preset, callbacks=[EnvKind()])
 
     train("off")

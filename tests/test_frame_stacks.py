@@ -89,8 +89,15 @@ def assert_same_as_plain(frames: ReplayBuffer, plain: ReplayBuffer) -> int:
 
 
 def pair(capacity, num_envs, n_step=3, prioritized=False, start_capacity=None, seed=0):
-    kwargs = dict(capacity=capacity, num_envs=num_envs, obs_shape=(K, 1, 2), obs_dtype=np.uint8,
-                  n_step=n_step, prioritized=prioritized, seed=seed)  # fmt: skip
+    kwargs = dict(
+        capacity=capacity,
+        num_envs=num_envs,
+        obs_shape=(K, 1, 2),
+        obs_dtype=np.uint8,
+        n_step=n_step,
+        prioritized=prioritized,
+        seed=seed,
+    )
     frames = ReplayBuffer(**kwargs, frame_stack=K, start_capacity=start_capacity)
     return frames, ReplayBuffer(**kwargs)
 

@@ -25,8 +25,13 @@ from rlstore.evaluate import evaluate
 def test_bit_flipping_steps_rewards_and_ends_as_the_paper_says():
     env = gym.make("BitFlipping-v0", n_bits=4)
     # a start with some bits right and some wrong
-    seed = next(s for s in range(100) if 0 < np.sum(np.not_equal(*(
-        env.reset(seed=s)[0][k] for k in ("observation", "desired_goal")))) < 4)  # fmt: skip
+    seed = next(
+        s
+        for s in range(100)
+        if 0
+        < np.sum(np.not_equal(*(env.reset(seed=s)[0][k] for k in ("observation", "desired_goal"))))
+        < 4
+    )
     obs, _ = env.reset(seed=seed)
     state, goal = obs["observation"].copy(), obs["desired_goal"]
     assert (obs["achieved_goal"] == state).all() and env.action_space.n == 4
@@ -43,19 +48,35 @@ def test_bit_flipping_steps_rewards_and_ends_as_the_paper_says():
         assert reward == -1.0 and not terminated and truncated == (step == 4)
     achieved = np.array([[0, 1, 1, 0], [1, 1, 1, 1]], np.int8)
     desired = np.array([[0, 1, 1, 0], [1, 0, 1, 1]], np.int8)
-    np.testing.assert_array_equal(BitFlippingEnv.compute_reward(achieved, desired, None),
-                                  [0.0, -1.0])  # fmt: skip
-    np.testing.assert_array_equal(BitFlippingEnv.compute_terminated(achieved, desired, None),
-                                  [True, False])  # fmt: skip
+    np.testing.assert_array_equal(
+        BitFlippingEnv.compute_reward(achieved, desired, None), [0.0, -1.0]
+    )
+    np.testing.assert_array_equal(
+        BitFlippingEnv.compute_terminated(achieved, desired, None), [True, False]
+    )
 
 
 def bit_flipping(her: bool, logdir) -> DQNConfig:
-    return DQNConfig(env_id="BitFlipping-v0", env_kwargs=("n_bits=8",), her=her,
-                     total_timesteps=6000, q_hidden=(64,), learning_rate=1e-3, gamma=0.9,
-                     buffer_size=10_000, learning_starts=500, exploration_fraction=0.2,
-                     end_e=0.05, train_frequency=2, target_network_frequency=250,
-                     eval_every=6000, eval_episodes=100, logdir=str(logdir), device="cpu",
-                     progress=False)  # fmt: skip
+    return DQNConfig(
+        env_id="BitFlipping-v0",
+        env_kwargs=("n_bits=8",),
+        her=her,
+        total_timesteps=6000,
+        q_hidden=(64,),
+        learning_rate=1e-3,
+        gamma=0.9,
+        buffer_size=10_000,
+        learning_starts=500,
+        exploration_fraction=0.2,
+        end_e=0.05,
+        train_frequency=2,
+        target_network_frequency=250,
+        eval_every=6000,
+        eval_episodes=100,
+        logdir=str(logdir),
+        device="cpu",
+        progress=False,
+    )
 
 
 @pytest.mark.slow
@@ -74,24 +95,47 @@ def test_dqn_with_her_resumes_bitwise(strategy, logdir):
     """A run with HER killed mid-way and resumed: the same returns and parameters (the
     buffer's episode index and relabelling draws are part of the checkpoint; the bit
     flipping env's state too)."""
-    cfg = DQNConfig(env_id="BitFlipping-v0", env_kwargs=("n_bits=5",), her=True,
-                    her_strategy=strategy, total_timesteps=1500, learning_starts=300,
-                    buffer_size=700, batch_size=32, num_envs=2, target_network_frequency=200,
-                    checkpoint_every=500, logdir=logdir, **COMMON)  # fmt: skip
+    cfg = DQNConfig(
+        env_id="BitFlipping-v0",
+        env_kwargs=("n_bits=5",),
+        her=True,
+        her_strategy=strategy,
+        total_timesteps=1500,
+        learning_starts=300,
+        buffer_size=700,
+        batch_size=32,
+        num_envs=2,
+        target_network_frequency=200,
+        checkpoint_every=500,
+        logdir=logdir,
+        **COMMON,
+    )
     resumes_bitwise(dqn, cfg)
 
 
-GOAL = dict(env_id="space_envs:GoalPoint-v0", her=True, total_timesteps=900, learning_starts=200,
-            num_envs=2, buffer_size=400, batch_size=32, hidden=(32, 32), checkpoint_every=300,
-            **COMMON)  # fmt: skip
+GOAL = dict(
+    env_id="space_envs:GoalPoint-v0",
+    her=True,
+    total_timesteps=900,
+    learning_starts=200,
+    num_envs=2,
+    buffer_size=400,
+    batch_size=32,
+    hidden=(32, 32),
+    checkpoint_every=300,
+    **COMMON,
+)
 
 
 @pytest.mark.parametrize(
     "module, cfg",
-    [(sac, SACConfig(**GOAL)), (td3, TD3Config(**GOAL, her_strategy="final")),
-     (ddpg, DDPGConfig(**GOAL, her_strategy="episode", her_goals=2))],
+    [
+        (sac, SACConfig(**GOAL)),
+        (td3, TD3Config(**GOAL, her_strategy="final")),
+        (ddpg, DDPGConfig(**GOAL, her_strategy="episode", her_goals=2)),
+    ],
     ids=["sac", "td3", "ddpg"],
-)  # fmt: skip
+)
 def test_continuous_runs_with_her_relabel_and_resume(module, cfg, logdir, monkeypatch):
     """SAC, TD3 and DDPG train with relabelled batches (checked: every batch's first
     goals * batch // (goals + 1) goals are goals the buffer drew), and resume."""
@@ -124,8 +168,9 @@ def test_continuous_runs_with_her_relabel_and_resume(module, cfg, logdir, monkey
 def test_success_rates_in_tensorboard_summary_and_eval(logdir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = dataclasses.replace(bit_flipping(True, logdir), total_timesteps=1500,
-                              eval_every=1500, eval_episodes=20)  # fmt: skip
+    cfg = dataclasses.replace(
+        bit_flipping(True, logdir), total_timesteps=1500, eval_every=1500, eval_episodes=20
+    )
     run_dir = dqn.train(cfg).run_dir
     tags = EventAccumulator(str(run_dir)).Reload().Tags()["scalars"]
     assert {"charts/success_rate", "eval/success_rate"} <= set(tags)
@@ -133,8 +178,10 @@ def test_success_rates_in_tensorboard_summary_and_eval(logdir):
     assert {e.value for e in events} <= {0.0, 1.0} and len(events) > 50
     result = evaluate(run_dir, episodes=30)
     assert 0.0 <= result["success_rate"] <= 1.0
-    assert json.loads((run_dir / "eval.json").read_text())["evaluations"][-1]["success_rate"] \
-        == result["success_rate"]  # fmt: skip
+    assert (
+        json.loads((run_dir / "eval.json").read_text())["evaluations"][-1]["success_rate"]
+        == result["success_rate"]
+    )
 
 
 def test_successes_are_read_at_episode_ends_only():
@@ -155,9 +202,19 @@ def test_successes_are_read_at_episode_ends_only():
 def test_sac_with_her_trains_on_fetch_reach(logdir):
     """Gymnasium-Robotics' FetchReach builds (MuJoCo below 4) and trains with --her; its
     success rate reaches the evaluation."""
-    cfg = SACConfig(env_id="FetchReach-v4", her=True, total_timesteps=300, learning_starts=100,
-                    batch_size=32, hidden=(32, 32), eval_every=300, eval_episodes=2,
-                    logdir=logdir, device="cpu", progress=False)  # fmt: skip
+    cfg = SACConfig(
+        env_id="FetchReach-v4",
+        her=True,
+        total_timesteps=300,
+        learning_starts=100,
+        batch_size=32,
+        hidden=(32, 32),
+        eval_every=300,
+        eval_episodes=2,
+        logdir=logdir,
+        device="cpu",
+        progress=False,
+    )
     result = sac.train(cfg)
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["evaluations"][-1]["success_rate"] in (0.0, 0.5, 1.0)

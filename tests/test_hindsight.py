@@ -32,8 +32,16 @@ def success(achieved, desired, info):
 def goal_buffer(capacity, num_envs, strategy="future", goals=4, terminations=False, **kwargs):
     hindsight = Hindsight(reached, success if terminations else None, goals, strategy)
     obs_dtype = {key: np.float32 for key in SHAPES}
-    return ReplayBuffer(capacity, num_envs, SHAPES, obs_dtype, action_shape=(1,),
-                        action_dtype=np.float32, hindsight=hindsight, **kwargs)  # fmt: skip
+    return ReplayBuffer(
+        capacity,
+        num_envs,
+        SHAPES,
+        obs_dtype,
+        action_shape=(1,),
+        action_dtype=np.float32,
+        hindsight=hindsight,
+        **kwargs,
+    )
 
 
 class Reference:
@@ -87,8 +95,11 @@ def goal_stream(buffer, reference, steps, rng, done_prob=0.2, reset_prob=0.0, st
         return np.arange(counter[0] - n, counter[0], dtype=np.float32)
 
     def observe(ids, desired):
-        return {"observation": ids[:, None], "achieved_goal": ids[:, None],
-                "desired_goal": desired[:, None]}  # fmt: skip
+        return {
+            "observation": ids[:, None],
+            "achieved_goal": ids[:, None],
+            "desired_goal": desired[:, None],
+        }
 
     if start is None:
         obs, desired, prev_done = fresh(N), -fresh(N), np.zeros(N, bool)
@@ -108,12 +119,23 @@ def goal_stream(buffer, reference, steps, rng, done_prob=0.2, reset_prob=0.0, st
         trunc = (kind >= done_prob / 2) & (kind < done_prob) & ~prev_done
         reward = np.where(prev_done, 0.0, rng.normal(size=N)).astype(np.float32)
         next_desired = np.where(prev_done, -fresh(N), desired)  # a reset draws a new goal
-        buffer.add(observe(obs, desired), rng.uniform(-1, 1, (N, 1)), reward,
-                   observe(next_obs, next_desired), term, trunc)  # fmt: skip
+        buffer.add(
+            observe(obs, desired),
+            rng.uniform(-1, 1, (N, 1)),
+            reward,
+            observe(next_obs, next_desired),
+            term,
+            trunc,
+        )
         for env in np.flatnonzero(~prev_done):
-            transition = dict(obs=float(obs[env]), next_obs=float(next_obs[env]),
-                              desired=float(desired[env]), reward=float(reward[env]),
-                              terminated=bool(term[env]), truncated=bool(trunc[env]))  # fmt: skip
+            transition = dict(
+                obs=float(obs[env]),
+                next_obs=float(next_obs[env]),
+                desired=float(desired[env]),
+                reward=float(reward[env]),
+                terminated=bool(term[env]),
+                truncated=bool(trunc[env]),
+            )
             reference.add(env, transition)
         reference.writes += 1
         prev_done, obs, desired = term | trunc, next_obs, next_desired
@@ -312,8 +334,15 @@ def test_relabelling_keeps_the_action_masks_of_each_slot():
     """With action masks (kept beside each observation), relabelled batches still carry the
     masks of their own obs and next_obs."""
     obs_dtype = {key: np.float32 for key in SHAPES}
-    buffer = ReplayBuffer(40, 1, SHAPES, obs_dtype, seed=0, action_mask_shape=(3,),
-                          hindsight=Hindsight(reached, goals=1_000_000))  # fmt: skip
+    buffer = ReplayBuffer(
+        40,
+        1,
+        SHAPES,
+        obs_dtype,
+        seed=0,
+        action_mask_shape=(3,),
+        hindsight=Hindsight(reached, goals=1_000_000),
+    )
 
     def observe(i):  # the mask is a function of the observation's id
         ids = np.array([[float(i)]], np.float32)
@@ -322,12 +351,23 @@ def test_relabelling_keeps_the_action_masks_of_each_slot():
 
     for i in range(1, 30):
         (obs, mask), (nxt, next_mask) = observe(i), observe(i + 1)
-        buffer.add(obs, [0], [-1.0], nxt, [False], [i % 10 == 0], action_mask=mask,
-                   next_action_mask=next_mask)  # fmt: skip
+        buffer.add(
+            obs,
+            [0],
+            [-1.0],
+            nxt,
+            [False],
+            [i % 10 == 0],
+            action_mask=mask,
+            next_action_mask=next_mask,
+        )
     batch = buffer.sample(200)
-    for i, j, m, nm in zip(batch.obs["observation"][:, 0].tolist(),
-                           batch.next_obs["observation"][:, 0].tolist(),
-                           batch.action_masks, batch.next_action_masks):  # fmt: skip
+    for i, j, m, nm in zip(
+        batch.obs["observation"][:, 0].tolist(),
+        batch.next_obs["observation"][:, 0].tolist(),
+        batch.action_masks,
+        batch.next_action_masks,
+    ):
         assert (m.numpy() == observe(int(i))[1][0]).all()
         assert (nm.numpy() == observe(int(j))[1][0]).all()
     assert (batch.obs["desired_goal"][:199] >= 0).all()  # relabelled: reached ids

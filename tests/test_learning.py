@@ -30,9 +30,16 @@ def test_learns_cartpole_with_and_without_fast_paths(algo, fast_paths, tmp_path)
     run, seeds = RUNS[algo]
     means = []
     for seed in seeds:
-        overrides = dict(run, seed=seed, fast_paths=fast_paths, logdir=str(tmp_path),
-                         progress=False, checkpoint_every=0, track_tensorboard=False,
-                         device="cpu")  # fmt: skip
+        overrides = dict(
+            run,
+            seed=seed,
+            fast_paths=fast_paths,
+            logdir=str(tmp_path),
+            progress=False,
+            checkpoint_every=0,
+            track_tensorboard=False,
+            device="cpu",
+        )
         cfg, preset = resolve(algo, "CartPole-v1", overrides)
         recent = algos.get(algo).train(cfg, preset).episode_returns[-20:]
         means.append(sum(recent) / len(recent))

@@ -94,8 +94,16 @@ class MaskedStream:
         self.buffer, self.num_envs = buffer, buffer.num_envs
 
     def add(self, obs, action, reward, next_obs, term, trunc):
-        self.buffer.add(obs, action, reward, next_obs, term, trunc,
-                        action_mask=mask_of(obs), next_action_mask=mask_of(next_obs))  # fmt: skip
+        self.buffer.add(
+            obs,
+            action,
+            reward,
+            next_obs,
+            term,
+            trunc,
+            action_mask=mask_of(obs),
+            next_action_mask=mask_of(next_obs),
+        )
 
 
 @settings(max_examples=40, deadline=None)
@@ -114,8 +122,16 @@ def test_replay_keeps_the_mask_of_obs_and_of_the_bootstrap_obs(
     """Each sampled transition's masks are those of its obs and of its n-step bootstrap
     observation (the true final one at a truncation), over dones, resets and PER."""
     rng = np.random.default_rng(seed)
-    buffer = ReplayBuffer(1000, num_envs, (1,), n_step=n, gamma=0.9, seed=seed,
-                          prioritized=prioritized, action_mask_shape=(4,))  # fmt: skip
+    buffer = ReplayBuffer(
+        1000,
+        num_envs,
+        (1,),
+        n_step=n,
+        gamma=0.9,
+        seed=seed,
+        prioritized=prioritized,
+        action_mask_shape=(4,),
+    )
     transitions = scalar_stream(MaskedStream(buffer), steps, rng, done_prob, reset_prob=reset_prob)
     expected = naive_n_step(transitions, n, 0.9)
     batch = buffer.sample(2000)
@@ -136,8 +152,16 @@ def test_replay_with_masks_refuses_adds_without_them():
         buffer.add(one, np.zeros(1, np.int64), np.zeros(1), one, no, no)
     with pytest.raises(TypeError, match="next_action_mask has dtype torch.float32"):
         float_mask = np.ones((1, 4), np.float32)
-        buffer.add(one, np.zeros(1, np.int64), np.zeros(1), one, no, no,
-                   action_mask=mask_of([0]), next_action_mask=float_mask)  # fmt: skip
+        buffer.add(
+            one,
+            np.zeros(1, np.int64),
+            np.zeros(1),
+            one,
+            no,
+            no,
+            action_mask=mask_of([0]),
+            next_action_mask=float_mask,
+        )
 
 
 @pytest.mark.parametrize("fast", [True, False])  # numpy writes, and the torch reference
@@ -149,9 +173,16 @@ def test_rollout_minibatches_carry_each_observations_mask(fast):
     storage.reset(ids[0, :, None].astype(np.float32), mask_of(ids[0]))
     for t in range(T):
         done = rng.random(N) < 0.3
-        storage.insert(ids[t + 1, :, None].astype(np.float32), np.zeros(N, np.int64),
-                       np.zeros(N, np.float32), np.zeros(N, np.float32), np.zeros(N), done,
-                       np.zeros(N, bool), action_mask=mask_of(ids[t + 1]))  # fmt: skip
+        storage.insert(
+            ids[t + 1, :, None].astype(np.float32),
+            np.zeros(N, np.int64),
+            np.zeros(N, np.float32),
+            np.zeros(N, np.float32),
+            np.zeros(N),
+            done,
+            np.zeros(N, bool),
+            action_mask=mask_of(ids[t + 1]),
+        )
     storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
     for batch in storage.minibatches(2):
         np.testing.assert_array_equal(batch.action_masks.numpy(), mask_of(batch.obs[:, 0]))
@@ -175,13 +206,17 @@ def test_dqn_target_maximizes_over_the_next_states_allowed_actions(double_dqn):
     terminated = rng.random(B) < 0.3
     terminated[0] = True  # ...at a termination
     batch = ReplayBatch(
-        obs=torch.randn(B, 3), actions=torch.from_numpy(rng.integers(0, A, B)),
-        rewards=torch.randn(B), next_obs=torch.randn(B, 3),
-        terminated=torch.from_numpy(terminated), discounts=torch.full((B,), 0.9),
-        weights=torch.ones(B), indices=torch.arange(B),
+        obs=torch.randn(B, 3),
+        actions=torch.from_numpy(rng.integers(0, A, B)),
+        rewards=torch.randn(B),
+        next_obs=torch.randn(B, 3),
+        terminated=torch.from_numpy(terminated),
+        discounts=torch.full((B,), 0.9),
+        weights=torch.ones(B),
+        indices=torch.arange(B),
         action_masks=torch.from_numpy(random_masks(rng, B, A)),
         next_action_masks=torch.from_numpy(next_masks),
-    )  # fmt: skip
+    )
     cfg = DQNConfig(double_dqn=double_dqn, loss="mse")
     _, td_error, q_value = td_loss(online, target, batch, cfg)
     with torch.no_grad():
@@ -211,8 +246,9 @@ def test_action_masks_reads_either_convention_and_checks_them():
     assert envs.masks.dtype == bool and envs.masks[np.arange(2), obs].all()
     pair = gym.make("space_envs:MaskedPair-v0")
     assert mask_source(pair, pair.reset(seed=0)[1]) == "method"
-    pairs = ActionMasks(gym.vector.SyncVectorEnv([lambda: gym.make("space_envs:MaskedPair-v0")]),
-                        "method")  # fmt: skip
+    pairs = ActionMasks(
+        gym.vector.SyncVectorEnv([lambda: gym.make("space_envs:MaskedPair-v0")]), "method"
+    )
     pairs.reset(seed=1)
     assert (
         pairs.masks.shape == (1, 5) and pairs.masks[0, 3:].all() and pairs.masks[0, :3].sum() == 2
@@ -228,16 +264,23 @@ def test_action_masks_reads_either_convention_and_checks_them():
         ActionMasks(box, "info")
 
 
-@pytest.mark.parametrize("algo, env_id", [("ppo", "MaskedPair-v0"), ("dqn", "MaskedPick-v0"),
-                                           ("ppo_lstm", "MaskedPair-v0"),
-                                           ("a2c", "MaskedPick-v0")])  # fmt: skip
+@pytest.mark.parametrize(
+    "algo, env_id",
+    [
+        ("ppo", "MaskedPair-v0"),
+        ("dqn", "MaskedPick-v0"),
+        ("ppo_lstm", "MaskedPair-v0"),
+        ("a2c", "MaskedPick-v0"),
+    ],
+)
 def test_a_masked_run_resumes_bitwise_and_plays_under_masks(algo, env_id, tmp_path, monkeypatch):
     """The envs raise on a masked action: collection, exploration and evaluation never
     take one; the masks are saved with the run (storage, env wrapper) and restored."""
     from rlstore import checkpoint
 
-    monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS",
-                        checkpoint.SAVEABLE_ENVS + ("MaskedPick", "MaskedPair"))  # fmt: skip
+    monkeypatch.setattr(
+        checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + ("MaskedPick", "MaskedPair")
+    )
     module, cfg = SETUPS[algo]
     cfg = replace(cfg, env_id=f"space_envs:{env_id}", logdir=str(tmp_path), max_episode_steps=None)
     full = resumes_bitwise(module, cfg)
@@ -257,8 +300,14 @@ def test_the_update_sees_the_log_probs_collection_acted_with(tmp_path):
     from rlstore.algos.ppo import ALGORITHM, PPOConfig
     from rlstore.run import Run
 
-    cfg = PPOConfig(env_id="space_envs:MaskedPair-v0", num_envs=2, num_steps=32,
-                    total_timesteps=64, logdir=str(tmp_path), progress=False)  # fmt: skip
+    cfg = PPOConfig(
+        env_id="space_envs:MaskedPair-v0",
+        num_envs=2,
+        num_steps=32,
+        total_timesteps=64,
+        logdir=str(tmp_path),
+        progress=False,
+    )
     run = Run(cfg, "ppo", None, None, ())
     agent, storage, state = build_actor_critic(cfg, ALGORITHM, run.device)
     with run.start(state):
@@ -273,8 +322,14 @@ def test_the_update_sees_the_log_probs_collection_acted_with(tmp_path):
 
 def test_masks_off_ignores_them(tmp_path):
     with pytest.raises(ValueError, match="is masked"):
-        rlstore.train("ppo", env="space_envs:MaskedPick-v0", action_masks="off",
-                      total_timesteps=2048, logdir=str(tmp_path), progress=False)  # fmt: skip
+        rlstore.train(
+            "ppo",
+            env="space_envs:MaskedPick-v0",
+            action_masks="off",
+            total_timesteps=2048,
+            logdir=str(tmp_path),
+            progress=False,
+        )
 
 
 def test_the_numpy_fast_paths_act_and_step_under_masks_as_torch():
@@ -296,13 +351,20 @@ def test_the_numpy_fast_paths_act_and_step_under_masks_as_torch():
     action, log_prob, _ = agent.act_on_host(obs, masks)
     assert masks[np.arange(400), action].all()
     with torch.no_grad():
-        expected = agent.evaluate(torch.from_numpy(obs), torch.from_numpy(action),
-                                  torch.from_numpy(masks))[0]  # fmt: skip
+        expected = agent.evaluate(
+            torch.from_numpy(obs), torch.from_numpy(action), torch.from_numpy(masks)
+        )[0]
     torch.testing.assert_close(torch.from_numpy(log_prob), expected, rtol=1e-5, atol=1e-5)
     cfg = PPOConfig()
-    batch = RolloutBatch(torch.from_numpy(obs[:64]), torch.from_numpy(action[:64]),
-                         torch.from_numpy(log_prob[:64]) - 0.1, torch.randn(64), torch.randn(64),
-                         torch.randn(64), torch.from_numpy(masks[:64]))  # fmt: skip
+    batch = RolloutBatch(
+        torch.from_numpy(obs[:64]),
+        torch.from_numpy(action[:64]),
+        torch.from_numpy(log_prob[:64]) - 0.1,
+        torch.randn(64),
+        torch.randn(64),
+        torch.randn(64),
+        torch.from_numpy(masks[:64]),
+    )
     optimizers = [torch.optim.Adam(a.parameters(), lr=1e-3, eps=1e-5) for a in (agent, twin)]
     HostPPOStep(agent, optimizers[0])(batch, cfg)
     reference_ppo_step(twin, optimizers[1], batch, cfg)
@@ -331,10 +393,16 @@ def test_the_numpy_a2c_step_under_masks_is_the_torch_step():
     for _ in range(T):
         action = np.array([rng.choice(np.flatnonzero(m)) for m in masks])
         masks = random_masks(rng, N, 4)
-        storage.insert(rng.normal(size=(N, 3)).astype(np.float32), action,
-                       rng.normal(size=N).astype(np.float32) - 1, np.zeros(N, np.float32),
-                       rng.normal(size=N), rng.random(N) < 0.2, np.zeros(N, bool),
-                       action_mask=masks)  # fmt: skip
+        storage.insert(
+            rng.normal(size=(N, 3)).astype(np.float32),
+            action,
+            rng.normal(size=N).astype(np.float32) - 1,
+            np.zeros(N, np.float32),
+            rng.normal(size=N),
+            rng.random(N) < 0.2,
+            np.zeros(N, bool),
+            action_mask=masks,
+        )
     storage.compute_returns(np.zeros(N, np.float32), 0.99, 0.95)
     data, cfg = storage.flatten(), A2CConfig(ent_coef=0.05)
     fast = a2c_update(agent, opt, data, cfg, HostA2CStep(agent, opt))

@@ -73,10 +73,20 @@ def test_one_env_normalizes_as_gymnasiums_wrappers():
 
 
 def small_run(tmp_path, **changes):
-    cfg = PPOConfig(env_id="Pendulum-v1", total_timesteps=4096, num_steps=256, num_envs=2,
-                    norm_obs=True, norm_reward=True, device="cpu", progress=False,
-                    checkpoint_every=1024, keep_checkpoints=10, max_episode_steps=100,
-                    logdir=str(tmp_path))  # fmt: skip
+    cfg = PPOConfig(
+        env_id="Pendulum-v1",
+        total_timesteps=4096,
+        num_steps=256,
+        num_envs=2,
+        norm_obs=True,
+        norm_reward=True,
+        device="cpu",
+        progress=False,
+        checkpoint_every=1024,
+        keep_checkpoints=10,
+        max_episode_steps=100,
+        logdir=str(tmp_path),
+    )
     return dataclasses.replace(cfg, **changes)
 
 

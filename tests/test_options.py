@@ -12,9 +12,18 @@ from rlstore.normalize import RewardScaler
 
 
 def tiny(algo, tmp_path, **overrides):
-    cfg, preset = resolve(algo, "CartPole-v1", dict(
-        logdir=str(tmp_path), progress=False, track_tensorboard=False, device="cpu",
-        checkpoint_every=0, **overrides))  # fmt: skip
+    cfg, preset = resolve(
+        algo,
+        "CartPole-v1",
+        dict(
+            logdir=str(tmp_path),
+            progress=False,
+            track_tensorboard=False,
+            device="cpu",
+            checkpoint_every=0,
+            **overrides,
+        ),
+    )
     return cfg, algos.get(algo).train(cfg, preset)
 
 
@@ -25,8 +34,9 @@ def test_anneal_lr_sets_the_optimizers_rate(algo, anneal_lr, tmp_path):
     (K iterations), at lr without (read from the final checkpoint's optimizer)."""
     from rlstore.algos._shared import linear_schedule
 
-    cfg, result = tiny(algo, tmp_path, total_timesteps=2048, anneal_lr=anneal_lr,
-                       learning_rate=1e-3, num_steps=64)  # fmt: skip
+    cfg, result = tiny(
+        algo, tmp_path, total_timesteps=2048, anneal_lr=anneal_lr, learning_rate=1e-3, num_steps=64
+    )
     (final,) = checkpoint_files(result.run_dir / "checkpoints")[:1]
     state = torch.load(final, weights_only=False)["algorithm"]["optimizer"]
     lr = state["param_groups"][0]["lr"]
@@ -35,11 +45,13 @@ def test_anneal_lr_sets_the_optimizers_rate(algo, anneal_lr, tmp_path):
     assert K > 2 and lr == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("algo, module, name", [("ppo", "ppo", "ppo_update"),
-                                                ("ppo_lstm", "ppo_lstm", "update")])  # fmt: skip
+@pytest.mark.parametrize(
+    "algo, module, name", [("ppo", "ppo", "ppo_update"), ("ppo_lstm", "ppo_lstm", "update")]
+)
 @pytest.mark.parametrize("anneal_clip", [True, False])
-def test_anneal_clip_decays_the_clipping_coefficient(algo, module, name, anneal_clip,
-                                                     monkeypatch, tmp_path):  # fmt: skip
+def test_anneal_clip_decays_the_clipping_coefficient(
+    algo, module, name, anneal_clip, monkeypatch, tmp_path
+):
     """Iteration k's update clips at clip_coef * (1 - k / K) with annealing (K iterations),
     at clip_coef without."""
     import importlib
@@ -52,8 +64,16 @@ def test_anneal_clip_decays_the_clipping_coefficient(algo, module, name, anneal_
         return original(agent, optimizer, storage, cfg)
 
     monkeypatch.setattr(owner, name, watched)
-    cfg, _ = tiny(algo, tmp_path, total_timesteps=512, anneal_clip=anneal_clip, clip_coef=0.3,
-                  num_envs=2, num_steps=64, num_minibatches=2)  # fmt: skip
+    cfg, _ = tiny(
+        algo,
+        tmp_path,
+        total_timesteps=512,
+        anneal_clip=anneal_clip,
+        clip_coef=0.3,
+        num_envs=2,
+        num_steps=64,
+        num_minibatches=2,
+    )
     K = cfg.num_iterations
     expected = [0.3 * (1 - k / K) if anneal_clip else 0.3 for k in range(K)]
     assert K == 4 and seen == pytest.approx(expected)
@@ -74,8 +94,15 @@ def test_per_beta_anneals_from_per_beta_to_one(monkeypatch, tmp_path):
             return _original(self, batch_size, beta=beta)
 
         monkeypatch.setattr(ReplayBuffer, name, watched)
-    cfg, _ = tiny("dqn", tmp_path, total_timesteps=3000, learning_starts=500, prioritized=True,
-                  per_beta=0.2, train_frequency=1)  # fmt: skip
+    cfg, _ = tiny(
+        "dqn",
+        tmp_path,
+        total_timesteps=3000,
+        learning_starts=500,
+        prioritized=True,
+        per_beta=0.2,
+        train_frequency=1,
+    )
     assert len(betas) >= 2000
     assert betas[0] == pytest.approx(0.2 + 0.8 * 501 / 3000)
     assert betas == sorted(betas) and betas[-1] == pytest.approx(1.0)

@@ -34,8 +34,9 @@ def runs(tmp_path):
     """Two seeds of linear curves logged at different steps, and a run of another group.
     Linear curves interpolate exactly, so the mean and std are known in closed form."""
     fake_run(tmp_path / "runs" / "a1", None, [(s, s) for s in range(0, 1001, 100)], seed=1)
-    fake_run(tmp_path / "runs" / "a2", None, [(s, 3 * s + 10) for s in range(50, 1000, 100)],
-             seed=2)  # fmt: skip
+    fake_run(
+        tmp_path / "runs" / "a2", None, [(s, 3 * s + 10) for s in range(50, 1000, 100)], seed=2
+    )
     fake_run(tmp_path / "runs" / "b1", "tuned", [(s, 7.0) for s in range(0, 501, 50)])
     return tmp_path / "runs"
 
@@ -83,8 +84,24 @@ def test_png_is_drawn_headless_and_is_not_blank(runs, tmp_path, monkeypatch):
 def test_any_scalar_tag(tmp_path):
     fake_run(tmp_path / "r", None, [(s, s / 10) for s in range(0, 101, 10)], tag="losses/x")
     out = tmp_path / "x.csv"
-    assert main(["plot", str(tmp_path / "r"), "--tag", "losses/x", "--csv", str(out),
-                 "--no-png", "--points", "11", "--smooth", "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plot",
+                str(tmp_path / "r"),
+                "--tag",
+                "losses/x",
+                "--csv",
+                str(out),
+                "--no-png",
+                "--points",
+                "11",
+                "--smooth",
+                "1",
+            ]
+        )
+        == 0
+    )
     np.testing.assert_allclose([float(r["mean"]) for r in read_csv(out)], np.arange(11))
 
 
@@ -108,8 +125,10 @@ def test_outputs_go_to_new_directories_and_bad_ones_are_one_line(runs, tmp_path,
     assert main(["plot", str(runs), "--no-png", "--csv", str(csv_path)]) == 0
     assert len(read_csv(csv_path)) > 0
     (tmp_path / "a_file").write_text("keep")
-    bad = [(tmp_path, f"--csv {tmp_path} is a directory; give a file name"),
-           (tmp_path / "a_file" / "x.csv", "a_file is a file; give a directory")]  # fmt: skip
+    bad = [
+        (tmp_path, f"--csv {tmp_path} is a directory; give a file name"),
+        (tmp_path / "a_file" / "x.csv", "a_file is a file; give a directory"),
+    ]
     for out, message in bad:
         capsys.readouterr()
         assert main(["plot", str(runs), "--no-png", "--csv", str(out)]) == 2
@@ -135,8 +154,10 @@ def test_a_resumed_run_counts_each_step_once(tmp_path):
         writer.add_scalar("charts/episodic_return", 2.0, s)
     writer.close()
     out = tmp_path / "r.csv"
-    assert main(["plot", str(run), "--csv", str(out), "--no-png", "--points", "11",
-                 "--smooth", "1"]) == 0  # fmt: skip
+    assert (
+        main(["plot", str(run), "--csv", str(out), "--no-png", "--points", "11", "--smooth", "1"])
+        == 0
+    )
     means = [float(r["mean"]) for r in read_csv(out)]
     assert means[:6] == [1.0] * 6 and means[-4:] == [2.0] * 4  # steps 0..500 | 700..1000
 
@@ -145,10 +166,21 @@ def test_runs_of_other_budgets_or_settings_are_other_groups(tmp_path, capsys):
     """A 100k-step run and three 4k-step runs are two curves, labelled by what differs; the
     seeds of each are averaged, and settings that do not change the run do not split them."""
     for seed in (1, 2, 3):
-        fake_run(tmp_path / f"short{seed}", None, [(s, seed) for s in range(0, 4001, 1000)],
-                 seed=seed, total_timesteps=4000, device=f"cuda:{seed}")  # fmt: skip
-    fake_run(tmp_path / "long", None, [(s, 9.0) for s in range(0, 100_001, 10_000)], seed=1,
-             total_timesteps=100_000)  # fmt: skip
+        fake_run(
+            tmp_path / f"short{seed}",
+            None,
+            [(s, seed) for s in range(0, 4001, 1000)],
+            seed=seed,
+            total_timesteps=4000,
+            device=f"cuda:{seed}",
+        )
+    fake_run(
+        tmp_path / "long",
+        None,
+        [(s, 9.0) for s in range(0, 100_001, 10_000)],
+        seed=1,
+        total_timesteps=100_000,
+    )
     out = tmp_path / "c.csv"
     args = ["plot", str(tmp_path / "*"), "--csv", str(out), "--no-png", "--points", "5"]
     assert main(args) == 0
@@ -166,8 +198,13 @@ def test_step_ticks_and_the_y_label_say_what_is_drawn():
     from rlstore.plot import steps_label, y_label
 
     assert [steps_label(s) for s in (0, 500, 20_000, 100_000, 1_500_000, 10_000_000)] == [
-        "0", "500", "20k", "100k", "1.5M", "10M",
-    ]  # fmt: skip
+        "0",
+        "500",
+        "20k",
+        "100k",
+        "1.5M",
+        "10M",
+    ]
     assert y_label("charts/episodic_return", 10) == (
         "episodic return, mean over seeds, smoothed over 10 points"
     )
@@ -203,13 +240,15 @@ def test_evaluation_curves_are_drawn_unsmoothed_from_eval_mean_return(tmp_path):
     _, cfg = SETUPS["ppo"]
     histories = []
     for seed in (1, 2):
-        run = ppo.train(replace(cfg, logdir=str(tmp_path / "runs"), seed=seed, eval_every=512,
-                                eval_episodes=2))  # fmt: skip
+        run = ppo.train(
+            replace(cfg, logdir=str(tmp_path / "runs"), seed=seed, eval_every=512, eval_episodes=2)
+        )
         summary = json.loads((run.run_dir / "summary.json").read_text())
         histories.append([e["mean_return"] for e in summary["evaluations"]])
     csv_path = tmp_path / "eval.csv"
-    plot([str(tmp_path / "runs")], png=None, csv_path=str(csv_path), tag="eval/mean_return",
-         points=4)  # fmt: skip
+    plot(
+        [str(tmp_path / "runs")], png=None, csv_path=str(csv_path), tag="eval/mean_return", points=4
+    )
     rows = list(csv.DictReader(csv_path.open()))
     assert [float(r["step"]) for r in rows] == [512, 1024, 1536, 2048]
     expected = np.mean(histories, axis=0)
@@ -224,8 +263,13 @@ def test_runs_made_before_a_config_field_existed_group_with_runs_at_its_default(
     for seed, drop in ((1, True), (2, False)):
         run = tmp_path / f"CartPole-v1__ppo__{seed}__1"
         run.mkdir()
-        record = {"algo": "ppo", "env_id": "CartPole-v1", "seed": seed, "eval_every": 0,
-                  "eval_episodes": 10}  # fmt: skip
+        record = {
+            "algo": "ppo",
+            "env_id": "CartPole-v1",
+            "seed": seed,
+            "eval_every": 0,
+            "eval_episodes": 10,
+        }
         if drop:
             del record["eval_every"], record["eval_episodes"]
         (run / "config.json").write_text(json.dumps(record))

@@ -46,10 +46,19 @@ def test_replayed_sequences_give_the_collected_log_probs_and_values(
     env_id, sequence_length, tmp_path, monkeypatch
 ):
     cfg = PPOLSTMConfig(
-        env_id=env_id, total_timesteps=4 * 3 * 32, num_envs=4, num_steps=32, num_minibatches=2,
-        update_epochs=2, sequence_length=sequence_length, lstm_hidden_size=16,
-        max_episode_steps=13, logdir=str(tmp_path), progress=False, device="cpu",
-    )  # fmt: skip
+        env_id=env_id,
+        total_timesteps=4 * 3 * 32,
+        num_envs=4,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        sequence_length=sequence_length,
+        lstm_hidden_size=16,
+        max_episode_steps=13,
+        logdir=str(tmp_path),
+        progress=False,
+        device="cpu",
+    )
     seen = replay_deviation(cfg, monkeypatch)
     MAX_DEVIATION.append((env_id, sequence_length, seen))
     assert seen["minibatches"] == 3 * 2
@@ -65,10 +74,23 @@ def test_the_atari_lstm_replays_its_sequences_too(tmp_path, monkeypatch):
     from rlstore.config import resolve
     from rlstore.networks import CnnRecurrentActorCritic
 
-    cfg, preset = resolve("ppo_lstm", "ALE/Breakout-v5", dict(
-        total_timesteps=3 * 2 * 32, num_envs=2, num_steps=32, num_minibatches=2,
-        update_epochs=1, lstm_hidden_size=16, max_episode_steps=13, logdir=str(tmp_path),
-        progress=False, device="cpu", checkpoint_every=0))  # fmt: skip
+    cfg, preset = resolve(
+        "ppo_lstm",
+        "ALE/Breakout-v5",
+        dict(
+            total_timesteps=3 * 2 * 32,
+            num_envs=2,
+            num_steps=32,
+            num_minibatches=2,
+            update_epochs=1,
+            lstm_hidden_size=16,
+            max_episode_steps=13,
+            logdir=str(tmp_path),
+            progress=False,
+            device="cpu",
+            checkpoint_every=0,
+        ),
+    )
     assert cfg.sign_rewards and cfg.clip_coef == 0.1  # the Atari preset
     seen = replay_deviation(cfg, monkeypatch, preset)
     assert seen["minibatches"] == 3 * 2 and seen["starts"] > 0 and seen["pseudo"] > 0

@@ -132,8 +132,12 @@ def test_sequences_hand_out_the_stored_fields_at_their_steps():
         5, sequence_length=L, generator=torch.Generator().manual_seed(0)
     ):
         for b in range(batch.valid.shape[1]):
-            matches = [(t0, n) for t0 in range(0, T, L) for n in range(N)
-                       if torch.equal(storage.obs[t0, n], batch.obs[0, b])]  # fmt: skip
+            matches = [
+                (t0, n)
+                for t0 in range(0, T, L)
+                for n in range(N)
+                if torch.equal(storage.obs[t0, n], batch.obs[0, b])
+            ]
             assert len(matches) == 1  # the observations are random: each is one step's
             t0, n = matches[0]
             steps = slice(t0, t0 + L)
@@ -150,10 +154,15 @@ def test_sequences_hand_out_the_stored_fields_at_their_steps():
 def test_recurrent_storage_bad_use_is_refused_and_state_round_trips():
     storage = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
     storage.reset(np.zeros((N, 2), np.float32))
-    step = dict(next_obs=np.zeros((N, 2), np.float32), action=np.zeros(N, np.int64),
-                log_prob=np.zeros(N, np.float32), value=np.zeros(N, np.float32),
-                reward=np.zeros(N, np.float32), terminated=np.zeros(N, bool),
-                truncated=np.zeros(N, bool))  # fmt: skip
+    step = dict(
+        next_obs=np.zeros((N, 2), np.float32),
+        action=np.zeros(N, np.int64),
+        log_prob=np.zeros(N, np.float32),
+        value=np.zeros(N, np.float32),
+        reward=np.zeros(N, np.float32),
+        terminated=np.zeros(N, bool),
+        truncated=np.zeros(N, bool),
+    )
     with pytest.raises(ValueError, match="recurrent_state must be given"):
         storage.insert(**step)
     with pytest.raises(ValueError, match="recurrent_state has shape"):
@@ -161,14 +170,18 @@ def test_recurrent_storage_bad_use_is_refused_and_state_round_trips():
     assert storage.step == 0  # nothing written
     # a good state beside a bad input is not written either (docs/reference/storage.md:
     # every input is checked before anything is written), nor a good mask
-    masked = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,),
-                            action_mask_shape=(3,))  # fmt: skip
+    masked = RolloutStorage(
+        T, N, obs_shape=(2,), recurrent_state_shape=(S,), action_mask_shape=(3,)
+    )
     masked.reset(np.zeros((N, 2), np.float32), action_mask=np.ones((N, 3), bool))
     before = {k: v.clone() for k, v in masked.state_dict().items() if torch.is_tensor(v)}
     for bad in ({"action": np.zeros(N + 1, np.int64)}, {"next_obs": np.zeros((N, 3))}):
         with pytest.raises(ValueError, match="has shape"):
-            masked.insert(**(step | bad), recurrent_state=np.ones((N, S), np.float32),
-                          action_mask=np.zeros((N, 3), bool) | [True, False, False])  # fmt: skip
+            masked.insert(
+                **(step | bad),
+                recurrent_state=np.ones((N, S), np.float32),
+                action_mask=np.zeros((N, 3), bool) | [True, False, False],
+            )
     after = masked.state_dict()
     assert masked.step == 0 and all(torch.equal(after[k], v) for k, v in before.items())
     with pytest.raises(ValueError, match="recurrent_state must be given"):

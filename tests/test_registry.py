@@ -42,14 +42,38 @@ def final_params(run: Path) -> list[torch.Tensor]:
 @pytest.mark.slow
 def test_an_algorithm_from_outside_trains_evaluates_resumes_and_benchmarks(plugin, tmp_path):
     flags = ["--env", "CartPole-v1", "--no-progress", "--checkpoint-every", "512"]
-    assert main(["train", "reinforce", *flags, "--total-timesteps", "2048",
-                 "--logdir", str(tmp_path / "whole")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "reinforce",
+                *flags,
+                "--total-timesteps",
+                "2048",
+                "--logdir",
+                str(tmp_path / "whole"),
+            ]
+        )
+        == 0
+    )
     whole = run_dir(tmp_path / "whole")
     assert json.loads((whole / "config.json").read_text())["algo"] == "reinforce"
 
     # half the steps, then resumed to the whole: the same run, bit for bit
-    assert main(["train", "reinforce", *flags, "--total-timesteps", "1024",
-                 "--logdir", str(tmp_path / "halves")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "reinforce",
+                *flags,
+                "--total-timesteps",
+                "1024",
+                "--logdir",
+                str(tmp_path / "halves"),
+            ]
+        )
+        == 0
+    )
     halves = run_dir(tmp_path / "halves")
     assert main(["resume", str(halves), "--total-timesteps", "2048", "--no-progress"]) == 0
     for a, b in zip(final_params(whole), final_params(halves), strict=True):

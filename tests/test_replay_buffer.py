@@ -148,8 +148,11 @@ def cleanrl_client(buffer: ReplayBuffer, mode: gym.vector.AutoresetMode, steps: 
         for e in np.flatnonzero(trunc if same_step else []):
             stored_next[e] = info["final_obs"][e]
         buffer.add(obs, np.zeros(2, np.int64), reward, stored_next, term, trunc)
-        real |= {(tuple(obs[e]), tuple(stored_next[e]), bool(term[e])) for e in range(2)
-                 if same_step or not prev_done[e]}  # fmt: skip
+        real |= {
+            (tuple(obs[e]), tuple(stored_next[e]), bool(term[e]))
+            for e in range(2)
+            if same_step or not prev_done[e]
+        }
         obs, prev_done = next_obs, term | trunc
     return real
 
@@ -161,16 +164,19 @@ def test_the_buffer_takes_either_autoreset_mode_when_told(mode):
     the pseudo-steps are skipped. Told the mode, the buffer keeps every real transition and
     nothing else; a SAME_STEP stream taken for NEXT_STEP loses those first transitions (the
     data alone cannot tell them from pseudo-steps)."""
-    gym_mode = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
-                "same_step": gym.vector.AutoresetMode.SAME_STEP}[mode]  # fmt: skip
+    gym_mode = {
+        "next_step": gym.vector.AutoresetMode.NEXT_STEP,
+        "same_step": gym.vector.AutoresetMode.SAME_STEP,
+    }[mode]
     for told in (mode, gym_mode):
-        buffer = ReplayBuffer(capacity=500, num_envs=2, obs_shape=(3,), seed=0,
-                              autoreset_mode=told)  # fmt: skip
+        buffer = ReplayBuffer(capacity=500, num_envs=2, obs_shape=(3,), seed=0, autoreset_mode=told)
         real = cleanrl_client(buffer, gym_mode, 100)
         assert len(buffer) == len(real) == (200 if mode == "same_step" else 200 - 9 - 12)
         batch = buffer.sample_host(5000)
-        sampled = {(tuple(o), tuple(n), bool(t))
-                   for o, n, t in zip(batch.obs, batch.next_obs, batch.terminated)}  # fmt: skip
+        sampled = {
+            (tuple(o), tuple(n), bool(t))
+            for o, n, t in zip(batch.obs, batch.next_obs, batch.terminated)
+        }
         assert sampled == real
     if mode == "same_step":
         untold = ReplayBuffer(capacity=500, num_envs=2, obs_shape=(3,), seed=0)
@@ -249,8 +255,7 @@ def test_n_step_targets_match_naive_reference(
     right one."""
     rng = np.random.default_rng(seed)
     buffer = buffer_of(layout, capacity=1000, num_envs=num_envs, n_step=n, gamma=0.9, seed=seed)
-    transitions = scalar_stream(buffer, steps, rng, done_prob, reset_prob=reset_prob,
-                                layout=layout)  # fmt: skip
+    transitions = scalar_stream(buffer, steps, rng, done_prob, reset_prob=reset_prob, layout=layout)
     expected = naive_n_step(transitions, n, 0.9)
     assert len(buffer) == len(expected)
     batch = buffer.sample(3000)  # 3000 draws over at most 120 transitions: all of them
@@ -310,21 +315,34 @@ def test_n_step_targets_across_a_life_loss_a_game_over_and_a_truncation():
     reset, so 3 -> 4 is a real transition; the game over and the truncation reset."""
     b = ReplayBuffer(100, 1, (1,), n_step=3, gamma=0.5, seed=0)
     steps = [  # obs, next obs, reward, terminated, truncated, life lost
-        (1, 2, 1, 0, 0, 0), (2, 3, 1, 0, 0, 1), (3, 4, 1, 0, 0, 0), (4, 5, 1, 0, 0, 0),
-        (5, 6, 1, 1, 0, 0), (6, 10, 0, 0, 0, 0), (10, 11, 1, 0, 0, 0), (11, 12, 1, 0, 1, 0),
-        (12, 20, 0, 0, 0, 0), (20, 21, 1, 0, 0, 0),
-    ]  # fmt: skip
+        (1, 2, 1, 0, 0, 0),
+        (2, 3, 1, 0, 0, 1),
+        (3, 4, 1, 0, 0, 0),
+        (4, 5, 1, 0, 0, 0),
+        (5, 6, 1, 1, 0, 0),
+        (6, 10, 0, 0, 0, 0),
+        (10, 11, 1, 0, 0, 0),
+        (11, 12, 1, 0, 1, 0),
+        (12, 20, 0, 0, 0, 0),
+        (20, 21, 1, 0, 0, 0),
+    ]
     for obs, nxt, reward, term, trunc, lost in steps:
-        b.add(np.array([[obs]], np.float32), np.zeros(1, np.int64), np.array([reward], float),
-              np.array([[nxt]], np.float32), np.array([bool(term)]), np.array([bool(trunc)]),
-              life_lost=np.array([bool(lost)]))  # fmt: skip
+        b.add(
+            np.array([[obs]], np.float32),
+            np.zeros(1, np.int64),
+            np.array([reward], float),
+            np.array([[nxt]], np.float32),
+            np.array([bool(term)]),
+            np.array([bool(trunc)]),
+            life_lost=np.array([bool(lost)]),
+        )
     assert len(b) == 8  # ten adds, two pseudo-steps
     batch = b.sample(2000)
     got = {
         float(o): (float(r), float(n), float(d), bool(t))
         for o, r, n, d, t in zip(
             batch.obs[:, 0], batch.rewards, batch.next_obs[:, 0], batch.discounts, batch.terminated
-        )  # fmt: skip
+        )
     }
     assert got == {
         1.0: (1.5, 3.0, 0.25, True),  # stops at the lost life: no bootstrap
@@ -343,12 +361,25 @@ def test_a_life_lost_at_the_newest_step_survives_a_reload():
     real transition (the flags alone would read it as a termination)."""
     no = np.zeros(1, bool)
     saved = ReplayBuffer(100, 1, (1,), seed=0)
-    saved.add(np.array([[1.0]], np.float32), np.zeros(1, np.int64), np.ones(1),
-              np.array([[2.0]], np.float32), no, no, life_lost=np.array([True]))  # fmt: skip
+    saved.add(
+        np.array([[1.0]], np.float32),
+        np.zeros(1, np.int64),
+        np.ones(1),
+        np.array([[2.0]], np.float32),
+        no,
+        no,
+        life_lost=np.array([True]),
+    )
     reloaded = ReplayBuffer(100, 1, (1,), seed=0)
     reloaded.load_state_dict(saved.state_dict())
-    reloaded.add(np.array([[2.0]], np.float32), np.zeros(1, np.int64), np.ones(1),
-                 np.array([[3.0]], np.float32), no, no)  # fmt: skip
+    reloaded.add(
+        np.array([[2.0]], np.float32),
+        np.zeros(1, np.int64),
+        np.ones(1),
+        np.array([[3.0]], np.float32),
+        no,
+        no,
+    )
     assert len(reloaded) == 2
 
 
@@ -558,8 +589,9 @@ def test_sample_host_is_sample_as_numpy(prioritized, n_step, layout):
     for _ in range(3):
         batch, host = buffers[0].sample(16, beta=0.5), buffers[1].sample_host(16, beta=0.5)
         for name in ("obs", "next_obs"):
-            np.testing.assert_array_equal(decode(layout, getattr(batch, name)),
-                                          decode(layout, getattr(host, name)))  # fmt: skip
+            np.testing.assert_array_equal(
+                decode(layout, getattr(batch, name)), decode(layout, getattr(host, name))
+            )
         batch, host = (
             batch._replace(obs=None, next_obs=None),
             host._replace(obs=None, next_obs=None),
@@ -617,14 +649,29 @@ def test_bad_arguments():
         dict(capacity=999, num_envs=4, obs_shape=(3, 2), obs_dtype=np.float64, prioritized=True),
         dict(capacity=500, num_envs=2, obs_shape=(2,), action_shape=(3,), action_dtype=np.float32),
         dict(capacity=5000, num_envs=3, obs_shape=(4, 8, 8), obs_dtype=np.uint8, frame_stack=4),
-        dict(capacity=64, num_envs=1, obs_shape=(2, 5, 5), obs_dtype=np.uint8, frame_stack=2,
-             prioritized=True),
-        dict(capacity=300, num_envs=2, obs_shape=obs_layouts.shape("parts", 3),
-             obs_dtype=obs_layouts.dtype("parts")),
-        dict(capacity=301, num_envs=3, obs_shape=dict.fromkeys(GOAL_KEYS, (3,)),
-             obs_dtype=dict.fromkeys(GOAL_KEYS, np.float32), hindsight=True),
+        dict(
+            capacity=64,
+            num_envs=1,
+            obs_shape=(2, 5, 5),
+            obs_dtype=np.uint8,
+            frame_stack=2,
+            prioritized=True,
+        ),
+        dict(
+            capacity=300,
+            num_envs=2,
+            obs_shape=obs_layouts.shape("parts", 3),
+            obs_dtype=obs_layouts.dtype("parts"),
+        ),
+        dict(
+            capacity=301,
+            num_envs=3,
+            obs_shape=dict.fromkeys(GOAL_KEYS, (3,)),
+            obs_dtype=dict.fromkeys(GOAL_KEYS, np.float32),
+            hindsight=True,
+        ),
     ],
-)  # fmt: skip
+)
 def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
     hindsight = Hindsight(lambda achieved, desired, info: 0.0) if kwargs.get("hindsight") else None
     buffer = ReplayBuffer(**{**kwargs, "hindsight": hindsight})
@@ -635,8 +682,14 @@ def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
         parts = [obs["vec"], *obs["more"]]
         assert [p.dtype for p in parts] == [torch.float32, torch.uint8, torch.int64]
         obs = torch.cat([p.flatten().view(torch.uint8) for p in parts])
-    host = [buffer.actions, buffer.rewards, buffer.terminated, buffer.truncated, buffer.valid,
-            buffer.bridge]  # fmt: skip
+    host = [
+        buffer.actions,
+        buffer.rewards,
+        buffer.terminated,
+        buffer.truncated,
+        buffer.valid,
+        buffer.bridge,
+    ]
     if buffer.frame_stack:
         host += [buffer.stacks.depth, buffer.stacks.start_slot, buffer.stacks.start_owner]
         host += [buffer.lost]
@@ -661,11 +714,23 @@ def test_add_one_is_add_for_a_one_env_stream():
         terminated, truncated = bool(rng.random() < 0.1), bool(rng.random() < 0.05)
         if done:  # the pseudo-step: reward 0, no flags
             reward, terminated, truncated = 0.0, False, False
-        general.add(obs, np.array([action]), np.array([reward]), next_obs,
-                    np.array([terminated]), np.array([truncated]))  # fmt: skip
+        general.add(
+            obs,
+            np.array([action]),
+            np.array([reward]),
+            next_obs,
+            np.array([terminated]),
+            np.array([truncated]),
+        )
         if t == 0:  # the first add starts the stream
-            scalar.add(obs, np.array([action]), np.array([reward]), next_obs,
-                       np.array([terminated]), np.array([truncated]))  # fmt: skip
+            scalar.add(
+                obs,
+                np.array([action]),
+                np.array([reward]),
+                next_obs,
+                np.array([terminated]),
+                np.array([truncated]),
+            )
         else:
             scalar.add_one(action, reward, next_obs, terminated, truncated)
         obs, done = next_obs, terminated or truncated

@@ -97,8 +97,15 @@ def test_a_lost_life_cuts_like_a_termination_but_the_game_goes_on():
     assert not data["terminated"].any()  # the env was not reset
     storage.after_update()  # a later rollout without lives does not keep stale flags
     for _ in range(3):
-        storage.insert(np.zeros((1, 1), np.float32), np.array([0]), np.zeros(1, np.float32),
-                       torch.tensor([0.5]), np.array([1.0]), no, no)  # fmt: skip
+        storage.insert(
+            np.zeros((1, 1), np.float32),
+            np.array([0]),
+            np.zeros(1, np.float32),
+            torch.tensor([0.5]),
+            np.array([1.0]),
+            no,
+            no,
+        )
     assert not storage.life_lost.any()
 
 

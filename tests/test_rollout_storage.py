@@ -31,8 +31,9 @@ def step_args(rng, obs_shape=(4,), obs_dtype=np.float32, term=None, trunc=None, 
 def storage_of(layout, width=4):
     """A storage of `width`-number observations, plain or made of parts
     (tests/obs_layouts.py)."""
-    return RolloutStorage(T, N, obs_layouts.shape(layout, width),
-                          obs_dtype=obs_layouts.dtype(layout))  # fmt: skip
+    return RolloutStorage(
+        T, N, obs_layouts.shape(layout, width), obs_dtype=obs_layouts.dtype(layout)
+    )
 
 
 def filled(rng, dones_every=None, layout="box"):
@@ -211,8 +212,10 @@ def test_insert_steps_is_insert_step_by_step(split, layout):
     would overflow the rollout."""
     rng = np.random.default_rng(7)
     first = encode(layout, rng.normal(size=(N, 4)))
-    steps = [step_args(rng, term=rng.random(N) < 0.3, trunc=rng.random(N) < 0.2, layout=layout)
-             for _ in range(T)]  # fmt: skip
+    steps = [
+        step_args(rng, term=rng.random(N) < 0.3, trunc=rng.random(N) < 0.2, layout=layout)
+        for _ in range(T)
+    ]
     one, many = storage_of(layout), storage_of(layout)
     one.reset(first)
     many.reset(first)
@@ -239,8 +242,10 @@ def test_observations_made_of_parts_keep_their_dtypes_and_name_a_bad_part():
     before = storage.state_dict()
     good = step_args(rng, layout="parts")
     missing = {"vec": good[0]["vec"]}
-    wrong_dtype = {"vec": good[0]["vec"], "more": (good[0]["more"][0].astype(np.float32),
-                                                   good[0]["more"][1])}  # fmt: skip
+    wrong_dtype = {
+        "vec": good[0]["vec"],
+        "more": (good[0]["more"][0].astype(np.float32), good[0]["more"][1]),
+    }
     for obs, message in [
         (missing, r"next_obs must be a dict with keys \['more', 'vec'\], got \['vec'\]"),
         (wrong_dtype, r"next_obs\['more'\]\[0\] has dtype torch.float32, expected torch.uint8"),
@@ -248,5 +253,8 @@ def test_observations_made_of_parts_keep_their_dtypes_and_name_a_bad_part():
     ]:
         with pytest.raises((ValueError, TypeError), match=message):
             storage.insert(obs, *good[1:])
-        assert all(tensors_equal(before[k], v) for k, v in storage.state_dict().items()
-                   if k in RolloutStorage._TENSORS)  # fmt: skip
+        assert all(
+            tensors_equal(before[k], v)
+            for k, v in storage.state_dict().items()
+            if k in RolloutStorage._TENSORS
+        )

@@ -68,10 +68,25 @@ def test_torch_threads_auto_is_one_and_a_number_is_used(logdir):
     seen, seen_blas, before = [], [], blas_threads()
     for threads in ("auto", 2):
         torch.set_num_threads(3)
-        cfg = dqn.DQNConfig(total_timesteps=200, learning_starts=100, torch_threads=threads,
-                               logdir=logdir, progress=False, track_tensorboard=False)  # fmt: skip
-        dqn.train(cfg, callbacks=[Watch(lambda _: (seen.append(torch.get_num_threads()),
-                                                   seen_blas.append(blas_threads())))])  # fmt: skip
+        cfg = dqn.DQNConfig(
+            total_timesteps=200,
+            learning_starts=100,
+            torch_threads=threads,
+            logdir=logdir,
+            progress=False,
+            track_tensorboard=False,
+        )
+        dqn.train(
+            cfg,
+            callbacks=[
+                Watch(
+                    lambda _: (
+                        seen.append(torch.get_num_threads()),
+                        seen_blas.append(blas_threads()),
+                    )
+                )
+            ],
+        )
         want = 1 if threads == "auto" else 2
         assert set(seen) == {want}
         assert all(pools == {want} for pools in seen_blas)  # numpy's BLAS follows torch
@@ -144,8 +159,12 @@ def test_auto_threads_one_for_mlps_the_cores_for_cnns_which_wait_passively(monke
     probe = "import os, rlstore, torch; print(os.environ['OMP_WAIT_POLICY'])"
     said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert said.stdout.strip() == "PASSIVE"  # set before torch loads, unless the user chose
-    said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
+    said = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+    )
     assert said.stdout.strip() == "ACTIVE"
 
 
@@ -197,9 +216,18 @@ def test_callbacks_see_iterations_logs_and_checkpoints_and_can_stop_a_run(tmp_pa
         def on_checkpoint(self, run, path):
             self.checkpoints.append((run.global_step, path.is_file()))
 
-    cfg, preset = resolve("ppo", "CartPole-v1", dict(
-        total_timesteps=4096, num_steps=128, checkpoint_every=1024, logdir=str(tmp_path),
-        progress=False, track_tensorboard=False))  # fmt: skip
+    cfg, preset = resolve(
+        "ppo",
+        "CartPole-v1",
+        dict(
+            total_timesteps=4096,
+            num_steps=128,
+            checkpoint_every=1024,
+            logdir=str(tmp_path),
+            progress=False,
+            track_tensorboard=False,
+        ),
+    )
     seen = Seen()
     result = ppo.train(cfg, preset, callbacks=[seen])
     assert seen.steps == [512, 1024, 1536] and result.global_step == 1536
@@ -228,6 +256,8 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
     # as if each name were made by another process between a look and a mkdir
     monkeypatch.setattr("pathlib.Path.exists", lambda self: False)
     made = [new_run_dir(str(tmp_path), "CartPole-v1", "ppo", 1) for _ in range(2)]
-    assert [p.name for p in made] == ["CartPole-v1__ppo__1__1700000000_2",
-                                      "CartPole-v1__ppo__1__1700000000_3"]  # fmt: skip
+    assert [p.name for p in made] == [
+        "CartPole-v1__ppo__1__1700000000_2",
+        "CartPole-v1__ppo__1__1700000000_3",
+    ]
     assert all((p / "config.json").read_text() == "{}" for p in taken)  # untouched

@@ -56,8 +56,9 @@ def test_squashed_gaussian_log_prob_is_the_change_of_variables():
         ours = squashed_gaussian_log_prob(u, mean, log_std, scale)
         torch.testing.assert_close(ours, change_of_variables(u, mean, log_std.exp(), scale, bias))
     # far in the tails, where 1 - tanh(u)^2 rounds to 0, it stays finite
-    far = squashed_gaussian_log_prob(torch.tensor([[30.0]]), torch.zeros(1, 1),
-                                     torch.zeros(1, 1), torch.ones(1))  # fmt: skip
+    far = squashed_gaussian_log_prob(
+        torch.tensor([[30.0]]), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1)
+    )
     assert torch.isfinite(far).all()
 
 
@@ -85,8 +86,9 @@ def test_sampled_actions_lie_in_the_box_with_their_log_prob():
     mean, log_std = agent.distribution(obs)
     bounds = agent.bounds
     u = torch.atanh(((action - bounds.bias) / bounds.scale).double().clamp(-0.99999, 0.99999))
-    expected = change_of_variables(u, mean.double(), log_std.exp().double(),
-                                   bounds.scale.double(), bounds.bias.double())  # fmt: skip
+    expected = change_of_variables(
+        u, mean.double(), log_std.exp().double(), bounds.scale.double(), bounds.bias.double()
+    )
     torch.testing.assert_close(log_prob.double(), expected, rtol=1e-3, atol=1e-3)
     span = agent.LOG_STD_MAX - agent.LOG_STD_MIN
     assert ((log_std >= agent.LOG_STD_MIN) & (log_std <= agent.LOG_STD_MIN + span)).all()
@@ -102,8 +104,15 @@ def stream_into_buffer(num_envs, obs_dim=3, action_dim=2, steps=60, seed=0):
     naive record of its real transitions: (obs, action) -> (reward, true next obs,
     terminated)."""
     rng = np.random.default_rng(seed)
-    buffer = ReplayBuffer(1000, num_envs, (obs_dim,), torch.float32, action_shape=(action_dim,),
-                          action_dtype=torch.float32, seed=seed)  # fmt: skip
+    buffer = ReplayBuffer(
+        1000,
+        num_envs,
+        (obs_dim,),
+        torch.float32,
+        action_shape=(action_dim,),
+        action_dtype=torch.float32,
+        seed=seed,
+    )
     record, obs, done = {}, rng.standard_normal((num_envs, obs_dim)).astype(np.float32), None
     for _ in range(steps):
         action = rng.uniform(-1, 1, (num_envs, action_dim)).astype(np.float32)
@@ -144,8 +153,13 @@ def test_sac_critic_target_against_a_naive_reference(num_envs):
         mean, log_std = agent.distribution(s)
         u = mean + log_std.exp() * noise[row]
         a = torch.tanh(u)  # scale 1, bias 0
-        log_prob = change_of_variables(u.double(), mean.double(), log_std.exp().double(),
-                                       torch.ones(2).double(), torch.zeros(2).double())  # fmt: skip
+        log_prob = change_of_variables(
+            u.double(),
+            mean.double(),
+            log_std.exp().double(),
+            torch.ones(2).double(),
+            torch.zeros(2).double(),
+        )
         q1, q2 = target_critic(s, a)
         soft = min(q1.item(), q2.item()) - 0.3 * log_prob.item()
         expected = reward + (0.0 if terminated else gamma * soft)
@@ -295,8 +309,15 @@ def optimizer_steps(run_dir, name):
     return int(next(iter(state.values()))["step"])
 
 
-TINY = dict(env_id="Pendulum-v1", hidden=(16, 16), batch_size=16, buffer_size=400,
-            device="cpu", progress=False, track_tensorboard=False)  # fmt: skip
+TINY = dict(
+    env_id="Pendulum-v1",
+    hidden=(16, 16),
+    batch_size=16,
+    buffer_size=400,
+    device="cpu",
+    progress=False,
+    track_tensorboard=False,
+)
 
 
 @pytest.mark.parametrize("num_envs,ratio", [(1, 1.0), (2, 1.0), (1, 0.5)])
@@ -304,8 +325,13 @@ def test_policy_delay_and_gradient_steps_counted(num_envs, ratio, logdir):
     """TD3: critics at every gradient step, the actor at every 2nd; SAC: 2 actor and 2
     entropy steps at every 2nd (CleanRL's compensation). Counted by the optimizers."""
     steps, starts = 300, 100
-    common = dict(TINY, total_timesteps=steps, learning_starts=starts, num_envs=num_envs,
-                  gradient_steps_per_env_step=ratio)  # fmt: skip
+    common = dict(
+        TINY,
+        total_timesteps=steps,
+        learning_starts=starts,
+        num_envs=num_envs,
+        gradient_steps_per_env_step=ratio,
+    )
     critic = int((steps - starts) * ratio)
     run = td3.train(TD3Config(**common, logdir=f"{logdir}/td3")).run_dir
     assert optimizer_steps(run, "critic_optimizer") == critic
@@ -329,12 +355,21 @@ def test_target_networks_move_by_tau_when_due(logdir):
     def watch(run):
         parts, policy = run.state.parts, run.state.policy
         target = parts.get("target_critic") or parts["target"]
-        seen.append((run.global_step, [p.clone() for p in target.parameters()],
-                     [p.clone() for p in (policy.critic if "target_critic" in parts
-                                          else policy).parameters()]))  # fmt: skip
+        seen.append(
+            (
+                run.global_step,
+                [p.clone() for p in target.parameters()],
+                [
+                    p.clone()
+                    for p in (policy.critic if "target_critic" in parts else policy).parameters()
+                ],
+            )
+        )
 
-    sac.train(SACConfig(**TINY, total_timesteps=60, learning_starts=50, tau=0.1, logdir=logdir),
-              callbacks=[Watch(watch)])  # fmt: skip
+    sac.train(
+        SACConfig(**TINY, total_timesteps=60, learning_starts=50, tau=0.1, logdir=logdir),
+        callbacks=[Watch(watch)],
+    )
     for (step, before, _), (_, after, online) in zip(seen, seen[1:]):
         for b, a, q in zip(before, after, online, strict=True):
             if step >= 50:
@@ -342,10 +377,15 @@ def test_target_networks_move_by_tau_when_due(logdir):
             else:
                 assert torch.equal(a, b)
     seen.clear()
-    td3.train(TD3Config(**TINY, total_timesteps=60, learning_starts=50, tau=0.1,
-                        logdir=f"{logdir}/td3"), callbacks=[Watch(watch)])  # fmt: skip
-    moved = [step + 1 for (step, before, _), (_, after, _) in zip(seen, seen[1:])
-             if not all(torch.equal(a, b) for a, b in zip(before, after))]  # fmt: skip
+    td3.train(
+        TD3Config(**TINY, total_timesteps=60, learning_starts=50, tau=0.1, logdir=f"{logdir}/td3"),
+        callbacks=[Watch(watch)],
+    )
+    moved = [
+        step + 1
+        for (step, before, _), (_, after, _) in zip(seen, seen[1:])
+        if not all(torch.equal(a, b) for a, b in zip(before, after))
+    ]
     assert moved == [52, 54, 56, 58, 60]  # gradient steps 2, 4, ... (one per env step from 51)
 
 
@@ -354,17 +394,39 @@ def test_target_networks_move_by_tau_when_due(logdir):
 
 @pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_runs_log_cleanrls_names_and_evaluate(algo, logdir, capsys):
-    args = ["train", algo, "--env", "Pendulum-v1", "--total-timesteps", "400",
-            "--learning-starts", "200", "--hidden", "16", "16", "--batch-size", "32",
-            "--logdir", logdir, "--no-progress"]  # fmt: skip
+    args = [
+        "train",
+        algo,
+        "--env",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "400",
+        "--learning-starts",
+        "200",
+        "--hidden",
+        "16",
+        "16",
+        "--batch-size",
+        "32",
+        "--logdir",
+        logdir,
+        "--no-progress",
+    ]
     assert main(args) == 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (run_dir,) = list(Path(logdir).iterdir())
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    names = {"losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values", "losses/qf2_values",
-             "losses/actor_loss", "charts/episodic_return", "charts/SPS"}  # fmt: skip
+    names = {
+        "losses/qf1_loss",
+        "losses/qf2_loss",
+        "losses/qf1_values",
+        "losses/qf2_values",
+        "losses/actor_loss",
+        "charts/episodic_return",
+        "charts/SPS",
+    }
     if algo == "sac":
         names |= {"losses/alpha", "losses/alpha_loss"}
     critics = 1 if algo == "ddpg" else 2
@@ -440,17 +502,35 @@ def test_learns_pendulum(algo, logdir):
     (-100 to -182); DDPG at 12,000 seed 3 failed (-458), at 16,000 all passed (-99 to -179)."""
     steps = {"sac": 8_000, "td3": 16_000, "ddpg": 16_000}[algo]
     cfg = {"sac": SACConfig, "td3": TD3Config, "ddpg": DDPGConfig}[algo](
-        env_id="Pendulum-v1", total_timesteps=steps, learning_starts=1_000, hidden=(64, 64),
-        seed=1, logdir=logdir, device="cpu", progress=False, track_tensorboard=False,
-    )  # fmt: skip
+        env_id="Pendulum-v1",
+        total_timesteps=steps,
+        learning_starts=1_000,
+        hidden=(64, 64),
+        seed=1,
+        logdir=logdir,
+        device="cpu",
+        progress=False,
+        track_tensorboard=False,
+    )
     result = {"sac": sac, "td3": td3, "ddpg": ddpg}[algo].train(cfg)
     assert np.mean(result.episode_returns[-10:]) > -400
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
 def test_a_run_without_a_preset_names_where_its_defaults_come_from(algo, logdir, capsys):
-    args = ["train", algo, "--env", "MountainCarContinuous-v0", "--total-timesteps", "50",
-            "--learning-starts", "50", "--logdir", logdir, "--no-progress"]  # fmt: skip
+    args = [
+        "train",
+        algo,
+        "--env",
+        "MountainCarContinuous-v0",
+        "--total-timesteps",
+        "50",
+        "--learning-starts",
+        "50",
+        "--logdir",
+        logdir,
+        "--no-progress",
+    ]
     assert main(args) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert f"preset: none (defaults: CleanRL's {algo}_continuous_action.py)" in first
@@ -461,22 +541,29 @@ def test_anneal_lr_fixed_alpha_and_exploration_noise_reach_the_run(logdir):
 
     def watch(run):
         names = ("actor_optimizer", "critic_optimizer", "alpha_optimizer")
-        seen[run.global_step] = [run.state.parts[n].param_groups[0]["lr"]
-                                 for n in names if n in run.state.parts]  # fmt: skip
+        seen[run.global_step] = [
+            run.state.parts[n].param_groups[0]["lr"] for n in names if n in run.state.parts
+        ]
 
     common = dict(TINY, total_timesteps=100, learning_starts=50)
-    sac.train(SACConfig(**common, anneal_lr=True, policy_lr=1e-3, q_lr=2e-3,
-                        logdir=f"{logdir}/a"), callbacks=[Watch(watch)])  # fmt: skip
+    sac.train(
+        SACConfig(**common, anneal_lr=True, policy_lr=1e-3, q_lr=2e-3, logdir=f"{logdir}/a"),
+        callbacks=[Watch(watch)],
+    )
     assert seen[60] == pytest.approx([1e-3 * 0.4, 2e-3 * 0.4, 2e-3 * 0.4])  # 40% left
     seen.clear()
-    fixed = sac.train(SACConfig(**common, autotune=False, alpha=0.3, logdir=f"{logdir}/b"),
-                      callbacks=[Watch(watch)])  # fmt: skip
+    fixed = sac.train(
+        SACConfig(**common, autotune=False, alpha=0.3, logdir=f"{logdir}/b"),
+        callbacks=[Watch(watch)],
+    )
     assert seen[60] == [3e-4, 1e-3]  # not annealed; no entropy optimizer
     checkpoint = safe_load(sorted((fixed.run_dir / "checkpoints").iterdir())[-1])
     assert checkpoint["algorithm"]["entropy"]["log_alpha"].item() == pytest.approx(math.log(0.3))
     seen.clear()
-    noisy = td3.train(TD3Config(**common, anneal_lr=True, exploration_noise=0.37,
-                                logdir=f"{logdir}/c"), callbacks=[Watch(watch)])  # fmt: skip
+    noisy = td3.train(
+        TD3Config(**common, anneal_lr=True, exploration_noise=0.37, logdir=f"{logdir}/c"),
+        callbacks=[Watch(watch)],
+    )
     assert seen[60] == pytest.approx([3e-4 * 0.4] * 2)
     assert noisy.model.exploration_noise == 0.37
     from rlstore import load_policy
@@ -487,12 +574,19 @@ def test_anneal_lr_fixed_alpha_and_exploration_noise_reach_the_run(logdir):
 def random_batches(count, size, obs_dim, scale, gamma):
     """`count` replay batches of random transitions, actions in [-scale, scale], about a
     third of them terminated."""
-    return [ReplayBatch(obs=torch.randn(size, obs_dim),
-                        actions=(torch.rand(size, len(scale)) * 2 - 1) * scale,
-                        rewards=torch.randn(size), next_obs=torch.randn(size, obs_dim),
-                        terminated=torch.rand(size) < 0.3, discounts=torch.full((size,), gamma),
-                        weights=torch.ones(size), indices=torch.arange(size))
-            for _ in range(count)]  # fmt: skip
+    return [
+        ReplayBatch(
+            obs=torch.randn(size, obs_dim),
+            actions=(torch.rand(size, len(scale)) * 2 - 1) * scale,
+            rewards=torch.randn(size),
+            next_obs=torch.randn(size, obs_dim),
+            terminated=torch.rand(size) < 0.3,
+            discounts=torch.full((size,), gamma),
+            weights=torch.ones(size),
+            indices=torch.arange(size),
+        )
+        for _ in range(count)
+    ]
 
 
 class _Batches:
@@ -523,14 +617,24 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
     env.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
     env.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
     torch.manual_seed(0)
-    model = TD3("MlpPolicy", env, learning_rate=cfg.learning_rate, batch_size=size,
-                tau=cfg.tau, gamma=cfg.gamma, policy_delay=cfg.policy_frequency,
-                target_policy_noise=cfg.policy_noise, target_noise_clip=cfg.noise_clip,
-                policy_kwargs=dict(net_arch=list(hidden), n_critics=cfg.critics),
-                learning_starts=0, device="cpu")  # fmt: skip
+    model = TD3(
+        "MlpPolicy",
+        env,
+        learning_rate=cfg.learning_rate,
+        batch_size=size,
+        tau=cfg.tau,
+        gamma=cfg.gamma,
+        policy_delay=cfg.policy_frequency,
+        target_policy_noise=cfg.policy_noise,
+        target_noise_clip=cfg.noise_clip,
+        policy_kwargs=dict(net_arch=list(hidden), n_critics=cfg.critics),
+        learning_starts=0,
+        device="cpu",
+    )
     model.set_logger(Logger(None, []))  # (configure() makes a /tmp/SB3-<date>)
-    agent = DeterministicActorCritic(obs_dim, [-1.0] * action_dim, [1.0] * action_dim, hidden,
-                                     critics=cfg.critics)  # fmt: skip
+    agent = DeterministicActorCritic(
+        obs_dim, [-1.0] * action_dim, [1.0] * action_dim, hidden, critics=cfg.critics
+    )
     for p in agent.parameters():
         p.data.normal_(0.0, 0.3)
     target = copy.deepcopy(agent)
@@ -553,15 +657,18 @@ def test_td3_and_ddpg_gradient_steps_equal_stable_baselines3s(algo):
             assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
     batches = random_batches(6, size, obs_dim, torch.ones(action_dim), cfg.gamma)
-    samples = [ReplayBufferSamples(b.obs, b.actions, b.next_obs, b.terminated.float()[:, None],
-                                   b.rewards[:, None], None) for b in batches]  # fmt: skip
+    samples = [
+        ReplayBufferSamples(
+            b.obs, b.actions, b.next_obs, b.terminated.float()[:, None], b.rewards[:, None], None
+        )
+        for b in batches
+    ]
     actor_opt = torch.optim.Adam(agent.actor.parameters(), lr=cfg.learning_rate, fused=True)
     critic_opt = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate, fused=True)
     ours_buffer, model.replay_buffer = _Batches(batches), _Batches(samples)
     for number in range(1, 7):
         torch.manual_seed(number)  # the same smoothing noise for both
-        logged = td3.gradient_step(number, agent, target, actor_opt, critic_opt, ours_buffer,
-                                   cfg)  # fmt: skip
+        logged = td3.gradient_step(number, agent, target, actor_opt, critic_opt, ours_buffer, cfg)
         torch.manual_seed(number)
         model.train(gradient_steps=1, batch_size=size)
         theirs = model.logger.name_to_value  # (SB3 logs the critics' summed loss)
@@ -597,8 +704,9 @@ def test_sac_gradient_steps_equal_a_naive_transcription_of_cleanrls():
     for p in target_critic.parameters():  # (targets that lag, as they do in training)
         p.data += 0.1 * torch.randn_like(p)
     entropy = EntropyCoefficient()
-    ref_actor, ref_q1, ref_q2 = (copy.deepcopy(m) for m in (agent.actor, agent.critic.q1,
-                                                            agent.critic.q2))  # fmt: skip
+    ref_actor, ref_q1, ref_q2 = (
+        copy.deepcopy(m) for m in (agent.actor, agent.critic.q1, agent.critic.q2)
+    )
     ref_q1_target, ref_q2_target = copy.deepcopy(target_critic.q1), copy.deepcopy(target_critic.q2)
     ref_log_alpha = torch.zeros(1, requires_grad=True)
     target_entropy = -2.0
@@ -624,8 +732,10 @@ def test_sac_gradient_steps_equal_a_naive_transcription_of_cleanrls():
         alpha = ref_log_alpha.exp().item()
         with torch.no_grad():
             next_actions, next_log_pi = ref_act(batch.next_obs)
-            min_next = torch.min(ref_q(ref_q1_target, batch.next_obs, next_actions),
-                                 ref_q(ref_q2_target, batch.next_obs, next_actions))  # fmt: skip
+            min_next = torch.min(
+                ref_q(ref_q1_target, batch.next_obs, next_actions),
+                ref_q(ref_q2_target, batch.next_obs, next_actions),
+            )
             min_next = min_next - alpha * next_log_pi
             not_done = 1.0 - batch.terminated.float()
             next_q = batch.rewards + not_done * cfg.gamma * min_next
@@ -650,8 +760,10 @@ def test_sac_gradient_steps_equal_a_naive_transcription_of_cleanrls():
                 alpha_loss.backward()
                 ref_alpha_opt.step()
                 alpha = ref_log_alpha.exp().item()
-                losses |= {"losses/actor_loss": actor_loss.item(),
-                           "losses/alpha_loss": alpha_loss.item()}  # fmt: skip
+                losses |= {
+                    "losses/actor_loss": actor_loss.item(),
+                    "losses/alpha_loss": alpha_loss.item(),
+                }
         for online, target in ((ref_q1, ref_q1_target), (ref_q2, ref_q2_target)):
             for param, target_param in zip(online.parameters(), target.parameters()):
                 target_param.data.copy_(cfg.tau * param.data + (1 - cfg.tau) * target_param.data)
@@ -666,15 +778,21 @@ def test_sac_gradient_steps_equal_a_naive_transcription_of_cleanrls():
     buffer = _Batches(batches)
     for number, batch in enumerate(batches, start=1):
         torch.manual_seed(number)  # the same draws for both
-        ours = sac.gradient_step(number, agent, target_critic, entropy, optimizers, buffer, cfg,
-                                 target_entropy)  # fmt: skip
+        ours = sac.gradient_step(
+            number, agent, target_critic, entropy, optimizers, buffer, cfg, target_entropy
+        )
         torch.manual_seed(number)
         theirs = ref_step(number, batch)
         assert set(theirs) <= set(ours)
         for name, value in theirs.items():
             assert ours[name].item() == pytest.approx(value, rel=1e-5, abs=1e-6), name
-    pairs = [(agent.actor, ref_actor), (agent.critic.q1, ref_q1), (agent.critic.q2, ref_q2),
-             (target_critic.q1, ref_q1_target), (target_critic.q2, ref_q2_target)]  # fmt: skip
+    pairs = [
+        (agent.actor, ref_actor),
+        (agent.critic.q1, ref_q1),
+        (agent.critic.q2, ref_q2),
+        (target_critic.q1, ref_q1_target),
+        (target_critic.q2, ref_q2_target),
+    ]
     for ours, theirs in pairs:
         for x, y in zip(ours.parameters(), theirs.parameters()):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
@@ -712,11 +830,21 @@ def test_the_off_policy_store_step_keeps_time_limits_apart_from_terminations():
     from rlstore.algos._off_policy import step_and_store
 
     envs = gym.vector.SyncVectorEnv(
-        [lambda: gym.wrappers.TimeLimit(Counter(0, terminate_at=3), 4),
-         lambda: gym.wrappers.TimeLimit(Counter(1), 4)]
-    )  # fmt: skip
-    buffer = ReplayBuffer(100, 2, (2,), torch.float32, action_shape=(1,),
-                          action_dtype=torch.float32, gamma=0.9, seed=0)  # fmt: skip
+        [
+            lambda: gym.wrappers.TimeLimit(Counter(0, terminate_at=3), 4),
+            lambda: gym.wrappers.TimeLimit(Counter(1), 4),
+        ]
+    )
+    buffer = ReplayBuffer(
+        100,
+        2,
+        (2,),
+        torch.float32,
+        action_shape=(1,),
+        action_dtype=torch.float32,
+        gamma=0.9,
+        seed=0,
+    )
     run = SimpleNamespace(record_step=lambda *args: None)
     obs, _ = envs.reset(seed=0)
     for _ in range(14):

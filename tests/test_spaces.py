@@ -37,8 +37,18 @@ CASES = [
     ("a2c", "BoxGrid-v0"),
     ("ddpg", "BoxGrid-v0"),
 ]
-TEST_ENVS = ("ColorImage", "BitParity", "DiscreteTarget", "PickTwo", "CopyBits", "DictTarget",
-             "TupleCount", "DictScale", "Mission", "BoxGrid")  # fmt: skip
+TEST_ENVS = (
+    "ColorImage",
+    "BitParity",
+    "DiscreteTarget",
+    "PickTwo",
+    "CopyBits",
+    "DictTarget",
+    "TupleCount",
+    "DictScale",
+    "Mission",
+    "BoxGrid",
+)
 
 
 @pytest.mark.parametrize("algo, env_id", CASES)
@@ -70,8 +80,14 @@ def test_multi_discrete_and_multi_binary_actions_are_learnt(algo, tmp_path):
     """PickTwo pays 2 a step to the best policy and 5/6 on average to a uniform one (5 steps
     an episode); CopyBits 3 and 1.5. The env raises on an action outside its space."""
     for env_id, best in (("PickTwo-v0", 10.0), ("CopyBits-v0", 15.0)):
-        result = rlstore.train(algo, env=env_id, total_timesteps=6000, logdir=str(tmp_path),
-                               progress=False, learning_rate=3e-3)  # fmt: skip
+        result = rlstore.train(
+            algo,
+            env=env_id,
+            total_timesteps=6000,
+            logdir=str(tmp_path),
+            progress=False,
+            learning_rate=3e-3,
+        )
         scores = evaluate(result.run_dir, episodes=4)
         assert scores["returns"] == [best] * 4, (env_id, scores["returns"])
 
@@ -86,8 +102,7 @@ def stored_observations(algo, env_id, part, tmp_path, **changes):
         def on_iteration(self, run):
             seen["obs"] = run.state.parts[part].obs
 
-    module.train(replace(cfg, env_id=env_id, logdir=str(tmp_path), **changes),
-                 callbacks=[Look()])  # fmt: skip
+    module.train(replace(cfg, env_id=env_id, logdir=str(tmp_path), **changes), callbacks=[Look()])
     return seen["obs"]
 
 
@@ -121,9 +136,15 @@ def test_dict_and_tuple_observations_are_learnt_from_every_part(tmp_path):
     for algo, env_id in (("ppo", "DictTarget-v0"), ("dqn", "TupleCount-v0")):
         more = dict(learning_starts=500, exploration_fraction=0.3) if algo == "dqn" else {}
         more |= {"image_scale": 255.0} if env_id == "DictTarget-v0" else {}
-        result = rlstore.train(algo, env=f"space_envs:{env_id}", total_timesteps=10_000,
-                               learning_rate=3e-3,
-                               logdir=str(tmp_path), progress=False, **more)  # fmt: skip
+        result = rlstore.train(
+            algo,
+            env=f"space_envs:{env_id}",
+            total_timesteps=10_000,
+            learning_rate=3e-3,
+            logdir=str(tmp_path),
+            progress=False,
+            **more,
+        )
         scores = evaluate(result.run_dir, episodes=4)
         assert scores["returns"] == [5.0] * 4, (algo, env_id, scores["returns"])
 
@@ -131,9 +152,15 @@ def test_dict_and_tuple_observations_are_learnt_from_every_part(tmp_path):
 def test_a_dict_part_left_out_with_drop_obs_keys(tmp_path):
     """Mission's text part cannot be encoded: --drop-obs-keys mission trains on the rest,
     and `rlstore eval` and load_policy rebuild the env without it (config.json)."""
-    result = rlstore.train("ppo", env="space_envs:Mission-v0", drop_obs_keys=("mission",),
-                           total_timesteps=6000, learning_rate=3e-3, logdir=str(tmp_path),
-                           progress=False)  # fmt: skip
+    result = rlstore.train(
+        "ppo",
+        env="space_envs:Mission-v0",
+        drop_obs_keys=("mission",),
+        total_timesteps=6000,
+        learning_rate=3e-3,
+        logdir=str(tmp_path),
+        progress=False,
+    )
     assert evaluate(result.run_dir, episodes=2)["returns"] == [5.0, 5.0]
     policy = rlstore.load_policy(result.run_dir)
     assert policy({"state": 2}) == 2 and list(policy({"state": np.array([0, 1])})) == [0, 1]
@@ -142,17 +169,29 @@ def test_a_dict_part_left_out_with_drop_obs_keys(tmp_path):
 def test_box_actions_of_two_dimensions_are_learnt_flat_and_reshaped_for_the_env(tmp_path):
     """BoxGrid raises on an action that is not 2x2: SAC acts in the flat (4,) box, the env
     gets (2, 2); its target is reached (a zero action scores -1.25 an episode)."""
-    result = rlstore.train("sac", env="space_envs:BoxGrid-v0", total_timesteps=6000,
-                           learning_starts=500, logdir=str(tmp_path), progress=False)  # fmt: skip
+    result = rlstore.train(
+        "sac",
+        env="space_envs:BoxGrid-v0",
+        total_timesteps=6000,
+        learning_starts=500,
+        logdir=str(tmp_path),
+        progress=False,
+    )
     assert min(evaluate(result.run_dir, episodes=4)["returns"]) > -0.05
     assert rlstore.load_policy(result.run_dir)(np.ones(2, np.float32)).shape == (4,)
 
 
 def test_cnn_channels_and_the_dqn_hidden_alias_shape_the_saved_policy(tmp_path):
     for algo, flags in (("ppo", {}), ("dqn", {"learning_starts": 100})):
-        result = rlstore.train(algo, env="space_envs:ColorImage-v0", cnn_channels=(4, 8),
-                               total_timesteps=600, logdir=str(tmp_path), progress=False,
-                               **flags)  # fmt: skip
+        result = rlstore.train(
+            algo,
+            env="space_envs:ColorImage-v0",
+            cnn_channels=(4, 8),
+            total_timesteps=600,
+            logdir=str(tmp_path),
+            progress=False,
+            **flags,
+        )
         encoder = rlstore.load_policy(result.run_dir).network.encoder
         convs = [m for m in encoder.cnn if isinstance(m, torch.nn.Conv2d)]
         assert [c.out_channels for c in convs] == [4, 8]
@@ -174,7 +213,8 @@ def test_minigrid_trains_on_its_dict_without_the_mission(tmp_path, capsys):
     env = ["--env", "MiniGrid-DoorKey-5x5-v0", "--logdir", str(tmp_path), "--no-progress"]
     assert main(["train", "ppo", *env]) == 2
     assert "--drop-obs-keys mission" in capsys.readouterr().err
-    assert main(["train", "ppo", *env, "--drop-obs-keys", "mission",
-                 "--total-timesteps", "1024"]) == 0  # fmt: skip
+    assert (
+        main(["train", "ppo", *env, "--drop-obs-keys", "mission", "--total-timesteps", "1024"]) == 0
+    )
     (run,) = tmp_path.glob("MiniGrid-DoorKey-5x5-v0__ppo__*")
     assert main(["eval", str(run), "--episodes", "2"]) == 0

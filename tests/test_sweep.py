@@ -35,8 +35,10 @@ def sweep(spec: Path, out: Path, *extra: str, env=None) -> subprocess.CompletedP
     """A sweep in its own process, as users run it (Ray then stops with the process)."""
     return subprocess.run(
         [sys.executable, "-m", "rlstore", "sweep", str(spec), "--out", str(out), *extra],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 def check_best_reproduces(out: Path, tmp_path: Path) -> None:
@@ -46,8 +48,22 @@ def check_best_reproduces(out: Path, tmp_path: Path) -> None:
     text = (out / "best.toml").read_text()
     assert f"best trial {best['trial']}" in text
     logdir = tmp_path / f"again_{out.name}"
-    assert main(["train", "ppo", "--config", str(out / "best.toml"), "--seed", "1",
-                 "--logdir", str(logdir), "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "--config",
+                str(out / "best.toml"),
+                "--seed",
+                "1",
+                "--logdir",
+                str(logdir),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     (again,) = logdir.glob("*/summary.json")
     (trial_run,) = (out / "trials" / best["trial"]).glob(f"*__{best['trial']}__1__*/summary.json")
     episodes = json.loads(trial_run.read_text())["episodes"]
@@ -127,10 +143,20 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
     env["HOME"] = str(tmp_path / "home")
     subprocess.run([*ray_cli, "get-auth-token", "--generate"], capture_output=True, env=env)
     started = subprocess.run(
-        [*ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
+        [
+            *ray_cli,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     try:
         assert started.returncode == 0, started.stderr[-2000:]
         assert "Token authentication is enabled" in started.stderr + started.stdout
@@ -148,8 +174,18 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
             'seeds = [1, 2]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 2048\n'
             "overrides = { num_steps = 64 }\n"
         )
-        command = [sys.executable, "-m", "rlstore", "benchmark", str(suite), "--out",
-                   str(tmp_path / "b"), "--address", address, "--no-plot"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "rlstore",
+            "benchmark",
+            str(suite),
+            "--out",
+            str(tmp_path / "b"),
+            "--address",
+            address,
+            "--no-plot",
+        ]
         on_ray = subprocess.run(command, capture_output=True, text=True, env=env)
         assert on_ray.returncode == 0, on_ray.stdout[-2000:] + on_ray.stderr[-2000:]
         assert on_ray.stderr == ""
@@ -160,8 +196,12 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
             r["score"] for r in local_rows[0]["runs"]
         ]
         (tmp_path / "elsewhere").mkdir()  # a machine without the head's token
-        refused = subprocess.run(command, capture_output=True, text=True,
-                                 env={**env, "HOME": str(tmp_path / "elsewhere")})  # fmt: skip
+        refused = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env={**env, "HOME": str(tmp_path / "elsewhere")},
+        )
         assert refused.returncode == 2
         assert refused.stderr.count("\n") == 1, refused.stderr[-2000:]
         assert "asks for its authentication token and this machine has no token" in refused.stderr
@@ -181,19 +221,30 @@ def test_sweep_and_benchmark_on_a_ray_head_started_here(tmp_path):
     [
         (lambda s: "budget = 3\n" + s, "unknown key 'budget'"),
         (lambda s: s.split("[space]")[0], "the search space is empty"),
-        (lambda s: s.replace("[space]", "[space]\nlr = { uniform = [0.1, 0.2] }"),
-         "unknown key 'lr'"),
-        (lambda s: s.replace("uniform = [0.0, 0.02]", "uniform = [0.02, 0.0]"),
-         "takes [low, high] with low < high"),
+        (
+            lambda s: s.replace("[space]", "[space]\nlr = { uniform = [0.1, 0.2] }"),
+            "unknown key 'lr'",
+        ),
+        (
+            lambda s: s.replace("uniform = [0.0, 0.02]", "uniform = [0.02, 0.0]"),
+            "takes [low, high] with low < high",
+        ),
         (lambda s: s.replace("{ int = [2, 6] }", "{ normal = [2, 6] }"), "must be one of"),
         (lambda s: "early_stop = 1\n" + s, "early_stop must be true or false"),
-        (lambda s: s.replace('algo = "ppo"', 'algo = "dqn"').replace("num_steps = 64", "")
-         .replace("update_epochs = { int = [2, 6] }", "").replace("clip_vloss", "double_dqn")
-         .replace("ent_coef = { uniform = [0.0, 0.02] }", "")
-         .replace("CartPole-v1", "Pendulum-v1").replace("4096", "50000"),
-         "DQN needs a Discrete action space"),
+        (
+            lambda s: (
+                s.replace('algo = "ppo"', 'algo = "dqn"')
+                .replace("num_steps = 64", "")
+                .replace("update_epochs = { int = [2, 6] }", "")
+                .replace("clip_vloss", "double_dqn")
+                .replace("ent_coef = { uniform = [0.0, 0.02] }", "")
+                .replace("CartPole-v1", "Pendulum-v1")
+                .replace("4096", "50000")
+            ),
+            "DQN needs a Discrete action space",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_specs_are_one_line(tmp_path, capsys, edit, message):
     spec = tmp_path / "spec.toml"
     spec.write_text(edit(SPEC))

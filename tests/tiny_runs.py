@@ -18,21 +18,50 @@ COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoin
 SETUPS = {
     "ppo": (ppo, PPOConfig(total_timesteps=8 * 256, num_steps=64, checkpoint_every=768, **COMMON)),
     "a2c": (a2c, A2CConfig(total_timesteps=3000, checkpoint_every=1000, **COMMON)),
-    "dqn": (dqn, DQNConfig(total_timesteps=2500, learning_starts=400, buffer_size=500,
-                           batch_size=32, target_network_frequency=200, n_step=3,
-                           prioritized=True, num_envs=2, checkpoint_every=1000, **COMMON)),
-}  # fmt: skip
+    "dqn": (
+        dqn,
+        DQNConfig(
+            total_timesteps=2500,
+            learning_starts=400,
+            buffer_size=500,
+            batch_size=32,
+            target_network_frequency=200,
+            n_step=3,
+            prioritized=True,
+            num_envs=2,
+            checkpoint_every=1000,
+            **COMMON,
+        ),
+    ),
+}
 # SAC, TD3 and DDPG on Pendulum with two envs, truncated every 60 steps, small networks
-OFF_POLICY = dict(env_id="Pendulum-v1", total_timesteps=1200, learning_starts=300, num_envs=2,
-                  buffer_size=600, batch_size=32, hidden=(32, 32), checkpoint_every=300,
-                  **COMMON)  # fmt: skip
+OFF_POLICY = dict(
+    env_id="Pendulum-v1",
+    total_timesteps=1200,
+    learning_starts=300,
+    num_envs=2,
+    buffer_size=600,
+    batch_size=32,
+    hidden=(32, 32),
+    checkpoint_every=300,
+    **COMMON,
+)
 SETUPS["sac"] = (sac, SACConfig(**OFF_POLICY))
 SETUPS["td3"] = (td3, TD3Config(**OFF_POLICY))
 SETUPS["ddpg"] = (ddpg, DDPGConfig(**OFF_POLICY))
 # recurrent PPO on a partially observable CartPole, small LSTMs, sequences of 16 steps
-SETUPS["ppo_lstm"] = (ppo_lstm, ppo_lstm.PPOLSTMConfig(
-    env_id="CartPoleNoVel-v1", total_timesteps=6 * 128, num_steps=32, sequence_length=16,
-    lstm_hidden_size=16, checkpoint_every=256, **COMMON))  # fmt: skip
+SETUPS["ppo_lstm"] = (
+    ppo_lstm,
+    ppo_lstm.PPOLSTMConfig(
+        env_id="CartPoleNoVel-v1",
+        total_timesteps=6 * 128,
+        num_steps=32,
+        sequence_length=16,
+        lstm_hidden_size=16,
+        checkpoint_every=256,
+        **COMMON,
+    ),
+)
 
 
 def resumes_bitwise(module, cfg):

@@ -119,11 +119,27 @@ def make_replay_buffer(
     action_shape = envs.single_action_space.shape
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     shapes = dict(action_shape=action_shape, action_dtype=torch.float32)
-    check_replay_fits(buffer_device, cfg.buffer_size, cfg.num_envs, obs_shape, obs_dtype,
-                      hindsight=hindsight is not None, **shapes)  # fmt: skip
-    return ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, obs_dtype, **shapes,
-                        device=buffer_device, sample_device=device, gamma=cfg.gamma,
-                        seed=cfg.seed, hindsight=hindsight)  # fmt: skip
+    check_replay_fits(
+        buffer_device,
+        cfg.buffer_size,
+        cfg.num_envs,
+        obs_shape,
+        obs_dtype,
+        hindsight=hindsight is not None,
+        **shapes,
+    )
+    return ReplayBuffer(
+        cfg.buffer_size,
+        cfg.num_envs,
+        obs_shape,
+        obs_dtype,
+        **shapes,
+        device=buffer_device,
+        sample_device=device,
+        gamma=cfg.gamma,
+        seed=cfg.seed,
+        hindsight=hindsight,
+    )
 
 
 def random_actions(space: gym.spaces.Box, num_envs: int) -> np.ndarray:
@@ -134,9 +150,12 @@ def random_actions(space: gym.spaces.Box, num_envs: int) -> np.ndarray:
 
 
 def explore(
-    agent: nn.Module, obs: np.ndarray, run: Run, cfg: ContinuousOffPolicyConfig,
+    agent: nn.Module,
+    obs: np.ndarray,
+    run: Run,
+    cfg: ContinuousOffPolicyConfig,
     space: gym.spaces.Box,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """The actions of the next vector step: uniformly random until learning_starts env
     steps are done, then the agent's exploring ones (`agent.act`), on the host."""
     if run.global_step < cfg.learning_starts:
@@ -146,9 +165,12 @@ def explore(
 
 
 def step_and_store(
-    envs: gym.vector.VectorEnv, buffer: ReplayBuffer, run: Run, obs: np.ndarray,
+    envs: gym.vector.VectorEnv,
+    buffer: ReplayBuffer,
+    run: Run,
+    obs: np.ndarray,
     action: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Step every env with `action`, store the transitions (the buffer keeps the true final
     observation a truncation bootstraps from, and skips the autoreset pseudo-steps), count
     the episodes; the next observations."""

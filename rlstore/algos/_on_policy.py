@@ -49,8 +49,9 @@ def build_actor_critic(
     joins it)."""
     envs = make_training_envs(cfg, algorithm)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = actor_critic_for(obs_space, action_space, cfg.use_fast_paths, cfg.hidden,
-                             image_options(cfg)).to(device)  # fmt: skip
+    agent = actor_critic_for(
+        obs_space, action_space, cfg.use_fast_paths, cfg.hidden, image_options(cfg)
+    ).to(device)
     if agent.continuous and not np.isfinite([action_space.low, action_space.high]).all():
         print(
             f"rlstore: {cfg.env_id} has unbounded actions ({action_space}): where a bound is "
@@ -74,15 +75,15 @@ def build_actor_critic(
     )
 
     def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
-        storage.reset(obs_norm(obs, update=True) if obs_norm else obs,
-                      None if masks is None else masks.masks)  # fmt: skip
+        storage.reset(
+            obs_norm(obs, update=True) if obs_norm else obs, None if masks is None else masks.masks
+        )
 
     obs, _ = envs.reset(seed=cfg.seed)
     start(obs)
     spec = policy_spec(agent, obs_space, action_space, masks and masks.source)
     parts = {"storage": storage} | ({"reward_scaler": reward_scale} if reward_scale else {})
-    state = TrainingState(envs, agent, spec, on_fresh_envs=start, obs_normalizer=obs_norm,
-                          **parts)  # fmt: skip
+    state = TrainingState(envs, agent, spec, on_fresh_envs=start, obs_normalizer=obs_norm, **parts)
     return agent, storage, state
 
 
@@ -101,15 +102,19 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
 
     def step() -> None:
         host_obs = storage.current_obs_on_host
-        acted = (act_on_host(host_obs, None if masks is None else masks.masks)
-                 if act_on_host and host_obs is not None else None)  # fmt: skip
+        acted = (
+            act_on_host(host_obs, None if masks is None else masks.masks)
+            if act_on_host and host_obs is not None
+            else None
+        )
         if acted is not None:
             action, log_prob, value = acted
             env_action = action
         else:
             with torch.inference_mode():
-                action, log_prob, value = agent.act(storage.current_obs,
-                                                    storage.current_action_mask)  # fmt: skip
+                action, log_prob, value = agent.act(
+                    storage.current_obs, storage.current_action_mask
+                )
             env_action = action.cpu().numpy()  # the env boundary: the one device -> host copy
         if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
             env_action = np.clip(env_action, space.low, space.high)
@@ -120,9 +125,17 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
         stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
         if sign_rewards:
             stored_reward = np.sign(stored_reward)
-        storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
-                       None if lives is None else lives.life_lost,
-                       action_mask=None if masks is None else masks.masks)  # fmt: skip
+        storage.insert(
+            stored_obs,
+            action,
+            log_prob,
+            value,
+            stored_reward,
+            terminated,
+            truncated,
+            None if lives is None else lives.life_lost,
+            action_mask=None if masks is None else masks.masks,
+        )
         run.record_step(reward, terminated, truncated, info)
 
     # The same steps with fewer calls, for small envs stepped in this process (rlstore/lean.py)

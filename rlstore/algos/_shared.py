@@ -41,8 +41,13 @@ def make_hindsight(cfg: ReplayConfig) -> Hindsight | None:
     UsageError saying why the env cannot take it; None without --her."""
     if not cfg.her:
         return None
-    make = EnvMaker(check_env_id(cfg.env_id).id, parse_env_kwargs(cfg.env_kwargs), cfg.wrapper,
-                    cfg.drop_obs_keys, **time_limit(cfg.max_episode_steps))  # fmt: skip
+    make = EnvMaker(
+        check_env_id(cfg.env_id).id,
+        parse_env_kwargs(cfg.env_kwargs),
+        cfg.wrapper,
+        cfg.drop_obs_keys,
+        **time_limit(cfg.max_episode_steps),
+    )
     return hindsight_for(make(), cfg.env_id, cfg.her_goals, cfg.her_strategy)
 
 

@@ -81,8 +81,9 @@ def a2c_update(
     if fast_step is not None:
         losses = fast_step(RolloutBatch(*(data.get(k) for k in RolloutBatch._fields)), cfg)
     else:
-        log_prob, entropy, value = agent.evaluate(data["obs"], data["actions"],
-                                                  data.get("action_masks"))  # fmt: skip
+        log_prob, entropy, value = agent.evaluate(
+            data["obs"], data["actions"], data.get("action_masks")
+        )
         losses = a2c_loss(log_prob, data["advantages"], value, data["returns"], entropy, cfg)
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()

@@ -32,8 +32,12 @@ class DDPGConfig(DeterministicOffPolicyConfig):
     noise_clip: ClassVar[float] = 0.0
 
 
-def train(cfg: DDPGConfig, preset: Path | None = None, resume: Path | None = None,
-          callbacks: Sequence[Callback] = ()) -> TrainResult:  # fmt: skip
+def train(
+    cfg: DDPGConfig,
+    preset: Path | None = None,
+    resume: Path | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> TrainResult:
     """td3.train (its arguments and result), with DDPG's name on the run."""
     return td3.train(cfg, preset, resume, callbacks, algorithm=ALGORITHM)
 

@@ -237,10 +237,15 @@ def check_buffer_fits(
 ) -> None:
     """Refuse a replay buffer larger than the memory left, before it is allocated."""
     check_replay_fits(
-        device, cfg.buffer_size, cfg.num_envs, stored_shape(obs_space), stored_dtype(obs_space),
-        prioritized=cfg.prioritized, frame_stack=obs_space.shape[0] if frames else 0,
+        device,
+        cfg.buffer_size,
+        cfg.num_envs,
+        stored_shape(obs_space),
+        stored_dtype(obs_space),
+        prioritized=cfg.prioritized,
+        frame_stack=obs_space.shape[0] if frames else 0,
         hindsight=cfg.her,
-    )  # fmt: skip
+    )
 
 
 def train(
@@ -268,8 +273,14 @@ def train(
         greedy_actions = q_network.greedy_action
     else:
         encoder = encoder_for(obs_space, image_options(cfg))
-        q_network = QNetwork(0, num_actions, cfg.q_hidden, dueling=cfg.dueling,
-                             fast=cfg.use_fast_paths, encoder=encoder).to(device)  # fmt: skip
+        q_network = QNetwork(
+            0,
+            num_actions,
+            cfg.q_hidden,
+            dueling=cfg.dueling,
+            fast=cfg.use_fast_paths,
+            encoder=encoder,
+        ).to(device)
         greedy_actions = q_network.greedy_action
         if cfg.use_fast_paths and hasattr(q_network.encoder, "host") and masks is None:
             # the same argmax in numpy (rlstore/host_networks.py)
@@ -302,8 +313,9 @@ def train(
     fast_step = HostDQNStep(q_network, target_network, optimizer) if fast else None
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(q_network, obs_space, action_space, masks and masks.source)
-    state = TrainingState(envs, q_network, spec, obs, target_model=target_network,
-                          optimizer=optimizer, buffer=buffer)  # fmt: skip
+    state = TrainingState(
+        envs, q_network, spec, obs, target_model=target_network, optimizer=optimizer, buffer=buffer
+    )
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
     last_update: tuple[torch.Tensor, torch.Tensor] | None = None  # (loss, Q(s, a)), for logging
 
@@ -317,8 +329,16 @@ def train(
         next_obs, reward, terminated, truncated, info = envs.step(action)
         learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
         both = {} if masks is None else {"action_mask": mask, "next_action_mask": masks.masks}
-        buffer.add(state.obs, action, learnt_reward, next_obs, terminated, truncated,
-                   None if lives is None else lives.life_lost, **both)  # fmt: skip
+        buffer.add(
+            state.obs,
+            action,
+            learnt_reward,
+            next_obs,
+            terminated,
+            truncated,
+            None if lives is None else lives.life_lost,
+            **both,
+        )
         run.record_step(reward, terminated, truncated, info)
         return next_obs
 

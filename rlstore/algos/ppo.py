@@ -130,8 +130,9 @@ def ppo_update(
             if fast_step is not None:
                 losses = fast_step(batch, cfg, diagnostics=i == last)
                 continue
-            new_log_prob, entropy, new_value = agent.evaluate(batch.obs, batch.actions,
-                                                              batch.action_masks)  # fmt: skip
+            new_log_prob, entropy, new_value = agent.evaluate(
+                batch.obs, batch.actions, batch.action_masks
+            )
             losses = ppo_loss(new_log_prob, new_value, entropy, batch, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()

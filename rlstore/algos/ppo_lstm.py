@@ -117,9 +117,18 @@ def collect(
         if sign_rewards:
             stored_reward = np.sign(stored_reward)
         life_lost = None if lives is None else lives.life_lost
-        storage.insert(stored_obs, action, log_prob, value, stored_reward, terminated, truncated,
-                       life_lost, recurrent_state=acting,
-                       action_mask=None if masks is None else masks.masks)  # fmt: skip
+        storage.insert(
+            stored_obs,
+            action,
+            log_prob,
+            value,
+            stored_reward,
+            terminated,
+            truncated,
+            life_lost,
+            recurrent_state=acting,
+            action_mask=None if masks is None else masks.masks,
+        )
         run.record_step(reward, terminated, truncated, info)
 
 
@@ -152,8 +161,13 @@ def update(
     last = cfg.num_minibatches - 1
     for _epoch in range(cfg.update_epochs):
         for i, batch in enumerate(storage.sequences(cfg.num_minibatches, cfg.sequence_length)):
-            out = agent.evaluate_sequences(batch.obs, batch.actions, batch.initial_state,
-                                           batch.episode_starts, batch.action_masks)  # fmt: skip
+            out = agent.evaluate_sequences(
+                batch.obs,
+                batch.actions,
+                batch.initial_state,
+                batch.episode_starts,
+                batch.action_masks,
+            )
             flat, log_prob, entropy, value = valid_batch(batch, *out)
             losses = ppo_loss(log_prob, value, entropy, flat, cfg, diagnostics=i == last)
             optimizer.zero_grad(set_to_none=True)
@@ -169,25 +183,31 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     """Envs, the LSTM actor-critic, its rollout storage and the run's TrainingState."""
     envs = make_training_envs(cfg, ALGORITHM)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = recurrent_actor_critic_for(obs_space, action_space, cfg.lstm_hidden_size,
-                                       cfg.hidden, image_options(cfg)).to(device)  # fmt: skip
+    agent = recurrent_actor_critic_for(
+        obs_space, action_space, cfg.lstm_hidden_size, cfg.hidden, image_options(cfg)
+    ).to(device)
     obs_norm = obs_normalizer_for(cfg, obs_space)
     masks = masks_of(envs)
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
     storage = RolloutStorage(
-        cfg.num_steps, cfg.num_envs, stored_shape(obs_space),
+        cfg.num_steps,
+        cfg.num_envs,
+        stored_shape(obs_space),
         action_space.shape if agent.head is None else agent.head.stored_shape,
         obs_dtype=stored_dtype(obs_space),
         action_dtype=np.float32 if agent.continuous else np.int64,
-        device=device, fast=cfg.use_fast_paths, recurrent_state_shape=agent.state_shape,
+        device=device,
+        fast=cfg.use_fast_paths,
+        recurrent_state_shape=agent.state_shape,
         action_mask_shape=None if masks is None else (masks.width,),
-    )  # fmt: skip
+    )
 
     def start(obs: np.ndarray) -> None:  # the first observations, and after fresh resets
-        storage.reset(obs_norm(obs, update=True) if obs_norm else obs,
-                      None if masks is None else masks.masks)  # fmt: skip
+        storage.reset(
+            obs_norm(obs, update=True) if obs_norm else obs, None if masks is None else masks.masks
+        )
 
     obs, _ = envs.reset(seed=cfg.seed)
     start(obs)
@@ -195,8 +215,7 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     parts = {"storage": storage, "recurrent_state": memory}
     parts |= {"reward_scaler": reward_scale} if reward_scale else {}
     spec = policy_spec(agent, obs_space, action_space, masks and masks.source)
-    state = TrainingState(envs, agent, spec,
-                          on_fresh_envs=start, obs_normalizer=obs_norm, **parts)  # fmt: skip
+    state = TrainingState(envs, agent, spec, on_fresh_envs=start, obs_normalizer=obs_norm, **parts)
     return agent, storage, memory, state
 
 

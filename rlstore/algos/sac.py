@@ -147,9 +147,13 @@ def gradient_step(
     optimizers.critic.zero_grad(set_to_none=True)
     (q1_loss + q2_loss).backward()
     optimizers.critic.step()
-    logged = {"losses/qf1_loss": q1_loss.detach(), "losses/qf2_loss": q2_loss.detach(),
-              "losses/qf_loss": (q1_loss + q2_loss).detach() / 2.0,
-              "losses/qf1_values": q1.mean(), "losses/qf2_values": q2.mean()}  # fmt: skip
+    logged = {
+        "losses/qf1_loss": q1_loss.detach(),
+        "losses/qf2_loss": q2_loss.detach(),
+        "losses/qf_loss": (q1_loss + q2_loss).detach() / 2.0,
+        "losses/qf1_values": q1.mean(),
+        "losses/qf2_values": q2.mean(),
+    }
     if number % cfg.policy_frequency == 0:
         for _ in range(cfg.policy_frequency):
             with frozen(agent.critic):
@@ -187,8 +191,9 @@ def train(
     envs = make_training_envs(cfg, ALGORITHM)
     check_bounded_actions(envs, cfg.env_id, ALGORITHM.name)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = SquashedGaussianActorCritic(0, action_space.low, action_space.high, cfg.hidden,
-                                        encoder_for(obs_space)).to(device)  # fmt: skip
+    agent = SquashedGaussianActorCritic(
+        0, action_space.low, action_space.high, cfg.hidden, encoder_for(obs_space)
+    ).to(device)
     target_critic = copy.deepcopy(agent.critic)
     entropy = EntropyCoefficient(None if cfg.autotune else cfg.alpha).to(device)
     target_entropy = -float(np.prod(action_space.shape))  # -dim(A), SAC's heuristic
@@ -203,8 +208,9 @@ def train(
     parts = {"actor_optimizer": optimizers.actor, "critic_optimizer": optimizers.critic}
     if optimizers.alpha is not None:
         parts["alpha_optimizer"] = optimizers.alpha
-    state = TrainingState(envs, agent, spec, obs, target_critic=target_critic,
-                          entropy=entropy, buffer=buffer, **parts)  # fmt: skip
+    state = TrainingState(
+        envs, agent, spec, obs, target_critic=target_critic, entropy=entropy, buffer=buffer, **parts
+    )
     annealed = [o for o in (optimizers.actor, optimizers.critic, optimizers.alpha) if o]
     base_rates = [o.param_groups[0]["lr"] for o in annealed]
     logged: dict[str, torch.Tensor] = {}
@@ -222,8 +228,16 @@ def train(
                 anneal_learning_rates(annealed, base_rates, left)
             for number in gradient_steps(cfg, before, run.global_step):
                 if buffer.ready(cfg.batch_size):
-                    logged |= gradient_step(number, agent, target_critic, entropy, optimizers,
-                                            buffer, cfg, target_entropy)  # fmt: skip
+                    logged |= gradient_step(
+                        number,
+                        agent,
+                        target_critic,
+                        entropy,
+                        optimizers,
+                        buffer,
+                        cfg,
+                        target_entropy,
+                    )
 
             # -- log -----------------------------------------------------------------------
             if run.log_due() and logged:

@@ -157,19 +157,31 @@ def train(
     envs = make_training_envs(cfg, algorithm)
     check_bounded_actions(envs, cfg.env_id, algorithm.name)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    agent = DeterministicActorCritic(0, action_space.low, action_space.high, cfg.hidden,
-                                     cfg.exploration_noise, cfg.critics,
-                                     encoder_for(obs_space)).to(device)  # fmt: skip
+    agent = DeterministicActorCritic(
+        0,
+        action_space.low,
+        action_space.high,
+        cfg.hidden,
+        cfg.exploration_noise,
+        cfg.critics,
+        encoder_for(obs_space),
+    ).to(device)
     target = copy.deepcopy(agent)  # the target actor and the target critics
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=cfg.learning_rate, fused=True)
-    critic_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate,
-                                        fused=True)  # fmt: skip
+    critic_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=cfg.learning_rate, fused=True)
     buffer = make_replay_buffer(cfg, envs, device)
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(agent, obs_space, action_space)
-    state = TrainingState(envs, agent, spec, obs, target=target, buffer=buffer,
-                          actor_optimizer=actor_optimizer,
-                          critic_optimizer=critic_optimizer)  # fmt: skip
+    state = TrainingState(
+        envs,
+        agent,
+        spec,
+        obs,
+        target=target,
+        buffer=buffer,
+        actor_optimizer=actor_optimizer,
+        critic_optimizer=critic_optimizer,
+    )
     annealed, base_rates = [actor_optimizer, critic_optimizer], [cfg.learning_rate] * 2
     logged: dict[str, torch.Tensor] = {}
 
@@ -186,8 +198,9 @@ def train(
                 anneal_learning_rates(annealed, base_rates, left)
             for number in gradient_steps(cfg, before, run.global_step):
                 if buffer.ready(cfg.batch_size):
-                    logged |= gradient_step(number, agent, target, actor_optimizer,
-                                            critic_optimizer, buffer, cfg)  # fmt: skip
+                    logged |= gradient_step(
+                        number, agent, target, actor_optimizer, critic_optimizer, buffer, cfg
+                    )
 
             # -- log -----------------------------------------------------------------------
             if run.log_due() and logged:

@@ -149,8 +149,9 @@ class EpisodeIndex:
     _NAMES = ("start", "end", "running")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {f"episode_{name}": torch.from_numpy(getattr(self, name).copy())
-                for name in self._NAMES}  # fmt: skip
+        return {
+            f"episode_{name}": torch.from_numpy(getattr(self, name).copy()) for name in self._NAMES
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self._NAMES:

@@ -189,8 +189,9 @@ class ReplayBuffer:
         else:
             if action_mask_shape is not None:
                 obs_shape, obs_dtype = _with_masks(obs_shape, obs_dtype, action_mask_shape)
-            per_slot = map_shapes(lambda shape, dtype: _numel(shape) * _itemsize(dtype),
-                                  obs_shape, obs_dtype)  # fmt: skip
+            per_slot = map_shapes(
+                lambda shape, dtype: _numel(shape) * _itemsize(dtype), obs_shape, obs_dtype
+            )
             obs, host = slots * sum(leaves(per_slot)), 0
         action = _numel(action_shape) * _itemsize(action_dtype)
         host += slots * (action + 4 + 4)  # action, float32 reward, four bool flags
@@ -253,8 +254,9 @@ class ReplayBuffer:
                     f"frame_stack={frame_stack} needs observations of shape (frame_stack, H, W) "
                     f"with frame_stack >= 2, got {self.obs_shape}"
                 )
-            self.stacks = FrameStacks(R, N, self.obs_shape, self.obs_dtype, self.device,
-                                      start_capacity)  # fmt: skip
+            self.stacks = FrameStacks(
+                R, N, self.obs_shape, self.obs_dtype, self.device, start_capacity
+            )
             # A transition whose stacks cannot be rebuilt any more: never sampled, though
             # still valid for the n-step windows of the rows before it.
             self.lost = torch.zeros((R, N), dtype=torch.bool)
@@ -265,8 +267,9 @@ class ReplayBuffer:
                 shapes, dtypes = _with_masks(shapes, dtypes, action_mask_shape)
             self.obs = map_shapes(
                 lambda shape, dtype: torch.zeros((R, N, *shape), dtype=dtype, device=self.device),
-                shapes, dtypes,
-            )  # fmt: skip
+                shapes,
+                dtypes,
+            )
         # Host tensors, written and read through numpy views (no torch call per field).
         self.actions = torch.zeros((R, N, *self.action_shape), dtype=torch_dtype(action_dtype))
         self.rewards = torch.zeros((R, N))
@@ -346,8 +349,10 @@ class ReplayBuffer:
         if self.action_mask_shape is not None:  # kept beside each observation
             shape = (N, *self.action_mask_shape)
             obs = (obs, host_array(action_mask, "action_mask", shape, torch.bool))
-            next_obs = (next_obs, host_array(next_action_mask, "next_action_mask", shape,
-                                             torch.bool))  # fmt: skip
+            next_obs = (
+                next_obs,
+                host_array(next_action_mask, "next_action_mask", shape, torch.bool),
+            )
         if self.stacks is not None:
             shape, dtype = (N, *self.obs_shape), self.obs_dtype
             obs = host_array(obs, "obs", shape, dtype)
@@ -425,8 +430,9 @@ class ReplayBuffer:
             stored = self.stored_obs(self.cursor * N + np.arange(N))
             previous = [part.cpu().numpy() for part in leaves(stored)]
             # (MuJoCo's float64 kept as float32)
-            given = [o.astype(p.dtype, copy=False)
-                     for o, p in zip(leaves(obs), previous, strict=True)]  # fmt: skip
+            given = [
+                o.astype(p.dtype, copy=False) for o, p in zip(leaves(obs), previous, strict=True)
+            ]
         else:
             fingerprint = _fingerprint(obs)
             if fingerprint == self._last_next_obs:
@@ -449,8 +455,13 @@ class ReplayBuffer:
             elif self._obs_view is not None:
                 map_parts(lambda view, part: view.__setitem__(row, part), self._obs_view, obs)
             else:
-                map_parts(lambda mine, part: copy_in(mine[row], torch.from_numpy(
-                    np.ascontiguousarray(part))), self.obs, obs)  # fmt: skip
+                map_parts(
+                    lambda mine, part: copy_in(
+                        mine[row], torch.from_numpy(np.ascontiguousarray(part))
+                    ),
+                    self.obs,
+                    obs,
+                )
             return
         lost, overwritten = self.stacks.put(row, obs, write, previous)
         self._mark_lost(lost)
@@ -626,8 +637,9 @@ class ReplayBuffer:
         if n == 0:
             return rewards, terminated
         valid = self._host["valid"].reshape(-1)
-        goal_flat = self.episodes.goal_slots(flat[:n], self.added, valid,
-                                             self.hindsight.strategy, self.generator)  # fmt: skip
+        goal_flat = self.episodes.goal_slots(
+            flat[:n], self.added, valid, self.hindsight.strategy, self.generator
+        )
         slots = np.concatenate((next_flat[:n], goal_flat))
         if self._obs_view is not None:
             both = _gather(self._goal_part(self._obs_view, "achieved_goal"), slots)
@@ -637,8 +649,9 @@ class ReplayBuffer:
         next_achieved, goals = both[:n], both[n:]
         desired = self._goal_part(obs, "desired_goal")  # (2, batch, *goal_shape)
         desired[:, :n] = goals if isinstance(desired, np.ndarray) else torch.from_numpy(goals)
-        relabelled, ends = self.hindsight.rewards_and_terminations(next_achieved, goals,
-                                                                   terminated[:n])  # fmt: skip
+        relabelled, ends = self.hindsight.rewards_and_terminations(
+            next_achieved, goals, terminated[:n]
+        )
         rewards, terminated = rewards.copy(), terminated.copy()
         rewards[:n], terminated[:n] = relabelled, ends
         return rewards, terminated

@@ -168,10 +168,12 @@ class RolloutStorage:
         self.device = torch.device(device)
         T, N, dev = num_steps, num_envs, self.device
         self.obs = map_shapes(
-            lambda shape, dtype: torch.zeros((T + 1, N, *shape), dtype=torch_dtype(dtype),
-                                             device=dev),
-            self.obs_shape, obs_dtype,
-        )  # fmt: skip
+            lambda shape, dtype: torch.zeros(
+                (T + 1, N, *shape), dtype=torch_dtype(dtype), device=dev
+            ),
+            self.obs_shape,
+            obs_dtype,
+        )
         self.actions = torch.zeros(
             (T, N, *self.action_shape), dtype=torch_dtype(action_dtype), device=dev
         )
@@ -215,8 +217,16 @@ class RolloutStorage:
         self.step = 0
         self._returns_ready = False
 
-    _INSERTED = ("obs", "actions", "log_probs", "values", "rewards", "terminated", "truncated",
-                 "life_lost")  # fmt: skip
+    _INSERTED = (
+        "obs",
+        "actions",
+        "log_probs",
+        "values",
+        "rewards",
+        "terminated",
+        "truncated",
+        "life_lost",
+    )
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -308,11 +318,23 @@ class RolloutStorage:
         mask = self._checked_mask(action_mask)
         state = None
         if recurrent_state is not None:
-            state = checked(recurrent_state, "recurrent_state", self.recurrent_states.shape[1:],
-                            torch.float32)  # fmt: skip
+            state = checked(
+                recurrent_state, "recurrent_state", self.recurrent_states.shape[1:], torch.float32
+            )
         if self._views is not None:
-            self._insert_on_host(t, next_obs, action, log_prob, value, reward, terminated,
-                                 truncated, life_lost, state, mask)  # fmt: skip
+            self._insert_on_host(
+                t,
+                next_obs,
+                action,
+                log_prob,
+                value,
+                reward,
+                terminated,
+                truncated,
+                life_lost,
+                state,
+                mask,
+            )
             return
         next_obs = check_parts(_checked_obs, next_obs, self.obs, "next_obs")
         fields = (
@@ -354,19 +376,32 @@ class RolloutStorage:
             copy_in(self.action_masks[t + 1], mask)
 
     def _insert_on_host(
-        self, t, next_obs, action, log_prob, value, reward, terminated, truncated, life_lost,
-        state, mask,
-    ) -> None:  # fmt: skip
+        self,
+        t,
+        next_obs,
+        action,
+        log_prob,
+        value,
+        reward,
+        terminated,
+        truncated,
+        life_lost,
+        state,
+        mask,
+    ) -> None:
         """insert() for storage in host memory: the same checks, then numpy writes."""
         N, views = self.num_envs, self._views
         next_obs = check_parts(_host_obs, next_obs, self.obs, "next_obs")
         arrays = (
-            ("actions", t, host_array(action, "action", self.actions.shape[1:],
-                                      self.actions.dtype)),
+            (
+                "actions",
+                t,
+                host_array(action, "action", self.actions.shape[1:], self.actions.dtype),
+            ),
             ("log_probs", t, host_array(log_prob, "log_prob", (N,), torch.float32)),
             ("values", t, host_array(value, "value", (N,), torch.float32)),
             ("rewards", t, host_array(reward, "reward", (N,), torch.float32)),
-        )  # fmt: skip
+        )
         term = host_array(terminated, "terminated", (N,), torch.bool)
         trunc = host_array(truncated, "truncated", (N,), torch.bool)
         lives = None if life_lost is None else host_array(life_lost, "life_lost", (N,), torch.bool)
@@ -414,8 +449,10 @@ class RolloutStorage:
             )
         next_obs = check_parts(
             lambda given, name, mine: host_array(given, name, (k, *mine.shape[1:]), mine.dtype),
-            next_obs, self.obs, "next_obs",
-        )  # fmt: skip
+            next_obs,
+            self.obs,
+            "next_obs",
+        )
         fields = (
             ("actions", t, actions, (k, *self.actions.shape[1:]), self.actions.dtype),
             ("log_probs", t, log_probs, (k, N), torch.float32),
@@ -423,8 +460,9 @@ class RolloutStorage:
             ("rewards", t, rewards, (k, N), torch.float32),
         )
         # Check everything before writing anything: a bad input leaves the storage as it was.
-        arrays = [(name, row, host_array(x, name, shape, dtype))
-                  for name, row, x, shape, dtype in fields]  # fmt: skip
+        arrays = [
+            (name, row, host_array(x, name, shape, dtype)) for name, row, x, shape, dtype in fields
+        ]
         term = host_array(terminated, "terminated", (k, N), torch.bool)
         trunc = host_array(truncated, "truncated", (k, N), torch.bool)
         arrays += [("terminated", t, term), ("truncated", t, trunc)]
@@ -439,8 +477,12 @@ class RolloutStorage:
         if views["obs"] is None:
             map_parts(lambda mine, array: write(mine, None, array, t + 1), self.obs, next_obs)
         else:
-            map_parts(lambda mine, view, array: write(mine, view, array, t + 1),
-                      self.obs, views["obs"], next_obs)  # fmt: skip
+            map_parts(
+                lambda mine, view, array: write(mine, view, array, t + 1),
+                self.obs,
+                views["obs"],
+                next_obs,
+            )
         for name, row, array in arrays:
             write(getattr(self, name), views[name], array, row)
         if self._lives:
@@ -542,8 +584,9 @@ class RolloutStorage:
         )
         masks = None if self.action_masks is None else self.action_masks[:T].reshape(T * N, -1)
         for index in order.tensor_split(num_minibatches):
-            yield RolloutBatch(take(obs, index), *(x[index] for x in flat),
-                               None if masks is None else masks[index])  # fmt: skip
+            yield RolloutBatch(
+                take(obs, index), *(x[index] for x in flat), None if masks is None else masks[index]
+            )
 
     def sequences(
         self,
@@ -569,23 +612,30 @@ class RolloutStorage:
             raise ValueError(f"num_minibatches must lie in [1, {count}], got {num_minibatches}")
 
         def chunked(x: torch.Tensor) -> torch.Tensor:  # (T, N, ...) -> (L, count, ...)
-            return x[:T].reshape(T // L, L, N, *x.shape[2:]).transpose(0, 1).reshape(
-                L, count, *x.shape[2:]
-            )  # fmt: skip
+            return (
+                x[:T]
+                .reshape(T // L, L, N, *x.shape[2:])
+                .transpose(0, 1)
+                .reshape(L, count, *x.shape[2:])
+            )
 
         obs = map_parts(chunked, self.obs)
         masks = None if self.action_masks is None else chunked(self.action_masks)
-        fields = [chunked(x) for x in (self.actions, self.log_probs, self.values,
-                                       self.advantages, self.returns)]  # fmt: skip
+        fields = [
+            chunked(x)
+            for x in (self.actions, self.log_probs, self.values, self.advantages, self.returns)
+        ]
         flags = [to_device(chunked(x), self.device) for x in (self.valid, self.episode_starts)]
         starts = self.recurrent_states[::L].reshape(count, *self.recurrent_state_shape)
         order = to_device(torch.randperm(count, generator=generator), self.device)
         for index in order.tensor_split(num_minibatches):
             yield RecurrentBatch(
                 take(obs, (slice(None), index)),
-                *(x[:, index] for x in fields), *(x[:, index] for x in flags), starts[index],
+                *(x[:, index] for x in fields),
+                *(x[:, index] for x in flags),
+                starts[index],
                 None if masks is None else masks[:, index],
-            )  # fmt: skip
+            )
 
     def after_update(self) -> None:
         """Start the next rollout from the last observation; episodes in progress carry on."""
@@ -629,8 +679,11 @@ class RolloutStorage:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # saved before lives; before episode starts (read by recurrent policies only)
-        state = {"life_lost": torch.zeros_like(self.life_lost),
-                 "episode_starts": torch.ones_like(self.episode_starts), **state}  # fmt: skip
+        state = {
+            "life_lost": torch.zeros_like(self.life_lost),
+            "episode_starts": torch.ones_like(self.episode_starts),
+            **state,
+        }
         load_tensors(self, self._tensors(), state)
         self._lives = bool(self.life_lost.any())
         self.step = int(state["step"])
