@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlstore import algos
-from rlstore.config import resolve
 from rlstore.custom_envs import env_id_of
+from rlstore.presets import resolve
 from rlstore.run import TrainResult
 
 

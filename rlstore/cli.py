@@ -23,19 +23,18 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from rlstore import __version__, algos
-from rlstore.config import (
+from rlstore.config import flag, not_a_run_dir
+from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, quiet_disk_full_in_threads
+from rlstore.executor import finished_steps
+from rlstore.presets import (
     PRESET_DIR,
     apply_overrides,
     describe_config,
-    flag,
-    not_a_run_dir,
     presets_of,
     read_config,
     resolve,
     shipped_presets,
 )
-from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, quiet_disk_full_in_threads
-from rlstore.executor import finished_steps
 
 USAGE = """\
 usage: rlstore {train,presets,resume,eval,benchmark,plot,sweep} ... | rlstore --version

@@ -287,7 +287,7 @@ REPLAYED_ENVS = ("LunarLander",)
 
 class EpisodeRecorder(gym.Wrapper):
     """Keeps how the current episode began and its actions, for a checkpoint to rebuild
-    the env by `replay` (rlstore/checkpoint.py). It cannot replay an episode begun with
+    the env by `replay` (rlstore/env_snapshots.py). It cannot replay an episode begun with
     reset options (`actions` is then None until the next reset)."""
 
     def __init__(self, env: gym.Env) -> None:

@@ -33,14 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlstore import algos
-from rlstore.config import CommonConfig, resolve, run_dir_prefix
+from rlstore.config import CommonConfig, run_dir_prefix
 from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, quiet_disk_full_in_threads
 from rlstore.locks import holder
+from rlstore.machine import RUNS_AT_ONCE, available_cores
+from rlstore.presets import resolve
 
 if TYPE_CHECKING:
     from rlstore.run import Callback
-
-RUNS_AT_ONCE = "RLSTORE_RUNS_AT_ONCE"  # runs sharing this machine, for --torch-threads auto
 
 # Fields a run directory may differ in and still be the same run: where it runs, how it
 # reports, how often it checkpoints (saving touches neither the RNG nor the learning: the
@@ -60,14 +60,6 @@ NOT_IDENTITY = (
 def check_workers(workers: int | None) -> None:
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1 (got {workers})")
-
-
-def available_cores() -> int:
-    """The cores this process may use (its CPU affinity, where the OS tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 @dataclass

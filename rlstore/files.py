@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -70,3 +71,29 @@ def _load_failure(error: Exception) -> str:
         return "truncated or corrupt"
     line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return line if len(line) <= 120 else line[:120].rsplit(" ", 1)[0] + " ..."
+
+
+# torch.save in torch 2.4 (the oldest rlstore allows) cannot write uint16, uint32 or
+# uint64 tensors ("dtype torch.uint32 is not recognized"), and numpy's global generator keeps
+# its key as uint32: such arrays are saved as the signed integers of the same bits, with
+# their dtype beside.
+_SIGNED_OF = {
+    np.dtype(np.uint16): np.int16,
+    np.dtype(np.uint32): np.int32,
+    np.dtype(np.uint64): np.int64,
+}
+
+
+def array_to_saved(array: np.ndarray) -> torch.Tensor | dict[str, Any]:
+    """A copy of `array` that torch.save writes and torch.load(weights_only=True) reads."""
+    signed = _SIGNED_OF.get(array.dtype)
+    if signed is None:
+        return torch.from_numpy(array.copy())
+    return {"__unsigned__": torch.from_numpy(array.view(signed).copy()), "dtype": array.dtype.name}
+
+
+def saved_to_array(saved: torch.Tensor | dict[str, Any]) -> np.ndarray:
+    """The array `array_to_saved` saved (or a plain tensor's, as older checkpoints hold)."""
+    if isinstance(saved, dict):
+        return saved["__unsigned__"].numpy().view(np.dtype(saved["dtype"])).copy()
+    return saved.numpy().copy()

@@ -19,8 +19,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
-import os
-import platform
 import random
 import re
 import signal
@@ -42,9 +40,6 @@ from rlstore.atari import is_atari
 from rlstore.checkpoint import (
     checkpoint_files,
     checkpoint_path,
-    env_state,
-    env_state_loads,
-    load_env_state,
     read_newest_checkpoint,
     rng_state,
     set_rng_state,
@@ -52,91 +47,25 @@ from rlstore.checkpoint import (
     write_policy,
     write_summary,
 )
-from rlstore.config import (
-    CommonConfig,
-    check_writable_dir,
-    run_dir_prefix,
-    shipped_budget,
-    validate,
-)
+from rlstore.config import CommonConfig, check_writable_dir, run_dir_prefix, validate
+from rlstore.env_snapshots import env_state, env_state_loads, load_env_state
 from rlstore.envs import EpisodeStats, check_env_id
 from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, is_disk_full
 from rlstore.evaluate import Evaluator, check_video_support
-from rlstore.executor import RUNS_AT_ONCE, available_cores
 from rlstore.goals import ended_successes
 from rlstore.locks import DirectoryLock
+from rlstore.machine import (
+    auto_threads,
+    cpu_model,
+    flush_denormals,
+    package_versions,
+    resolve_device,
+    skip_dynamo_import,
+)
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import map_parts
-from rlstore.text import plural, size
-
-
-def resolve_device(spec: str) -> torch.device:
-    """'auto' -> CUDA when available, else CPU; 'cuda' without a GPU is a UsageError."""
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(spec)
-    except RuntimeError:
-        raise UsageError(f"unknown --device '{spec}'; use auto, cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"unknown --device '{spec}'; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(
-                f"--device {spec} was asked for but no CUDA GPU is available; "
-                "use --device cpu (or auto)"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(
-                f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) present"
-            )
-    return device
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes that can still be allocated on `device` (host: Linux's MemAvailable; CUDA: the
-    driver's free memory), or None where the system does not say."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
-    """A UsageError, before anything is allocated, when `needed` (bytes per device) does
-    not fit in what each device has available."""
-    for device, nbytes in needed.items():
-        free = available_memory(device)
-        if free is not None and nbytes > free:
-            where = "host" if device.type == "cpu" else str(device)
-            raise UsageError(
-                f"{what} needs {size(nbytes)} of {where} memory, but only {size(free)} is "
-                f"available; {fix}"
-            )
-
-
-def auto_threads(cnn: bool) -> int:
-    """--torch-threads auto: one thread for MLPs (under the passive wait policy a second slows
-    them down, SAC's 256-256 included; spinning threads would speed a lone SAC run up and
-    collapse shared ones: docs/maintainers/fast-paths.md); for a CNN policy
-    (Atari), whose convolutions do gain from more, the cores divided by the runs that share
-    them: RLSTORE_RUNS_AT_ONCE, which the executors of `rlstore benchmark`
-    and `rlstore sweep` set (1 for a run started by hand). Idle threads sleep
-    (OMP_WAIT_POLICY=PASSIVE, set in rlstore/__init__.py), so runs started by hand side by
-    side do not collapse either (docs/guides/atari.md)."""
-    if not cnn:
-        return 1
-    cores = available_cores()
-    try:
-        runs = max(1, int(os.environ.get(RUNS_AT_ONCE, "1")))
-    except ValueError:
-        runs = 1
-    return max(1, cores // runs)
-
+from rlstore.presets import shipped_budget
+from rlstore.text import plural
 
 LONG_BUDGET = 1_000_000  # a run of the shipped budget this long says so at its start
 
@@ -159,42 +88,6 @@ def budget_notes(algo: str, cfg: CommonConfig, preset: Path | None) -> list[str]
         f"{shipped:,} env steps, the published budget ({source}); for a shorter run give "
         "--total-timesteps N"
     ]
-
-
-# skip_dynamo_import writes a cache attribute on torch's own functions, a private detail: it
-# runs only on the torch versions it is tested with (tests/test_fast.py); on others a run
-# starts about 0.9 s later and is otherwise the same.
-SKIP_DYNAMO_TORCH_VERSIONS = ("2.13.",)
-
-
-def skip_dynamo_import() -> None:
-    """Keep torch.optim from importing its compiler stack (torch._dynamo, about 0.9 s at
-    start-up) only to switch it off: it wraps Optimizer methods and the functional
-    adam/rmsprop in torch._disable_dynamo, which imports torch._dynamo on first use and
-    caches the disabled function as `fn.__dynamo_disable`. rlstore never compiles, so this
-    sets that cache to the plain function, where the wrappers are the ones expected; a
-    torch without them is left alone. (Optimizer.step still imports it: the numpy steps of
-    the small MLPs never call step.)"""
-    disable = getattr(torch, "_disable_dynamo", None)
-    tested = torch.__version__.startswith(SKIP_DYNAMO_TORCH_VERSIONS)
-    if disable is None or "torch._dynamo" in sys.modules or not tested:
-        return
-    inner_code = disable(lambda: None).__code__
-    functional = [importlib.import_module(f"torch.optim.{name}") for name in ("adam", "rmsprop")]
-    candidates = [*vars(torch.optim.Optimizer).values(), functional[0].adam, functional[1].rmsprop]
-    for wrapper in candidates:
-        while callable(wrapper):
-            code = getattr(wrapper, "__code__", None)
-            if code is not None and (code is inner_code or code.co_name == "maybe_fallback"):
-                target = wrapper.__wrapped__
-                target.__dynamo_disable = target
-            wrapper = getattr(wrapper, "__wrapped__", None)
-
-
-def flush_denormals(on: bool) -> None:
-    """Flush denormal floats (below ~1e-38) to zero in this thread, as TensorFlow does on
-    CPU; numpy in the same thread is affected too, hence a Run turns it off when it ends."""
-    torch.set_flush_denormal(on)
 
 
 def start_tracking(cfg: CommonConfig, run_dir: Path, record: dict[str, Any]) -> Any:
@@ -415,42 +308,6 @@ class TrainingState:
         if self.on_fresh_envs is not None:
             self.on_fresh_envs(obs)
         return False
-
-
-# The packages a run's numbers depend on; those not installed are left out.
-RECORDED_PACKAGES = (
-    "rlstore",
-    "torch",
-    "numpy",
-    "gymnasium",
-    "mujoco",
-    "box2d",
-    "box2d-py",
-    "ale-py",
-)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo, else what `platform` knows), for
-    config.json, so that runs' figures from two machines can be told apart."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine()
-
-
-def package_versions() -> dict[str, str]:
-    """Python's and each installed RECORDED_PACKAGES's version, for config.json."""
-    versions = {"python": platform.python_version()}
-    for package in RECORDED_PACKAGES:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[package] = importlib.metadata.version(package)
-    # torch's own string names its build (2.4.0+cu121), which PyPI's wheels leave out of
-    # their metadata
-    versions["torch"] = torch.__version__
-    return versions
 
 
 class Run:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from rlstore import algos
-from rlstore.config import PRESET_DIR, tomllib, validate
+from rlstore.config import validate
 from rlstore.errors import UsageError
 from rlstore.executor import (
     LocalExecutor,
@@ -43,6 +43,7 @@ from rlstore.executor import (
     read_summary,
 )
 from rlstore.locks import DirectoryLock, holder
+from rlstore.presets import PRESET_DIR, tomllib
 from rlstore.text import plural
 
 SUITE_KEYS = ("name", "description", "seeds", "window", "score", "row")
@@ -403,7 +404,7 @@ def made_where() -> str:
     made with (the commit when rlstore runs from a git checkout; the CPU and the versions a
     run's config.json records)."""
     from rlstore import __version__
-    from rlstore.run import cpu_model, package_versions
+    from rlstore.machine import cpu_model, package_versions
 
     try:
         commit = subprocess.run(

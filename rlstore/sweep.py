@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlstore import algos
-from rlstore.config import tomllib, validate
+from rlstore.config import validate
 from rlstore.errors import UsageError
 from rlstore.executor import (
     RunSpec,
@@ -34,6 +34,7 @@ from rlstore.executor import (
     check_workers,
     connect_ray,
 )
+from rlstore.presets import tomllib
 from rlstore.text import plural
 
 SPEC_KEYS = (

@@ -115,7 +115,7 @@ def child_rlstore(
 
     if one_thread:  # else each trainer's own default (rlstore's auto, torch's for SB3)
         torch.set_num_threads(1)
-    from rlstore.config import resolve
+    from rlstore.presets import resolve
 
     with tempfile.TemporaryDirectory() as logdir:
         overrides = dict(
@@ -352,7 +352,7 @@ def sb3_recurrent_ppo(
 
 
 def is_atari_id(env: str) -> bool:
-    from rlstore.config import FAMILIES
+    from rlstore.presets import FAMILIES
 
     return bool(FAMILIES["atari"].match(env))
 
@@ -377,8 +377,8 @@ def child_floor(device_name: str, num_envs: int, env: str = "CartPole-v1") -> di
             fn()
         return (time.perf_counter() - start) / n
 
-    from rlstore.config import resolve
     from rlstore.networks import actor_critic_for
+    from rlstore.presets import resolve
 
     device = torch.device(device_name)
     envs = make_vec_env(env, num_envs, seed=0)
@@ -749,7 +749,7 @@ def main() -> None:
         "Atari id (default 8, the preset's)",
     )
     args = parser.parse_args()
-    from rlstore.config import resolve
+    from rlstore.presets import resolve
 
     offpolicy = [a for a in args.algos if a in OFF_POLICY]
     if "ppo_lstm" in args.algos:

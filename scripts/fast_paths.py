@@ -119,7 +119,7 @@ def collect_step() -> tuple[str, float, float]:
 
     from rlstore import algos
     from rlstore.algos._on_policy import build_actor_critic, collect_rollout
-    from rlstore.config import resolve
+    from rlstore.presets import resolve
     from rlstore.run import Run
 
     supports, per_step = LeanRollout.supports, {}

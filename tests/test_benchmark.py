@@ -17,9 +17,9 @@ import pytest
 from extras import needs
 
 from rlstore.cli import BenchmarkArgs, main
-from rlstore.config import PRESET_DIR
 from rlstore.errors import UsageError
 from rlstore.locks import DirectoryLock
+from rlstore.presets import PRESET_DIR
 from rlstore.suite import (
     Row,
     RunProgress,
@@ -603,7 +603,7 @@ def test_results_pages_say_what_they_were_made_with():
     import gymnasium as gym
     import torch
 
-    from rlstore.run import cpu_model
+    from rlstore.machine import cpu_model
 
     made = made_where()
     assert made.startswith("rlstore ") and f" on {platform.machine()} ({cpu_model()}), " in made

@@ -18,14 +18,9 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from tiny_runs import SETUPS, Watch, only_run_dir, params, replace, resumes_bitwise, same_params
 
 from rlstore.algos import dqn, ppo
-from rlstore.checkpoint import (
-    checkpoint_files,
-    env_state,
-    load_env_state,
-    rng_state,
-    set_rng_state,
-)
+from rlstore.checkpoint import checkpoint_files, rng_state, set_rng_state
 from rlstore.cli import main
+from rlstore.env_snapshots import env_state, load_env_state
 from rlstore.envs import make_vec_env
 from rlstore.errors import TrainingInterrupted
 from rlstore.files import safe_load

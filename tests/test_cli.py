@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tiny_runs import only_run_dir
 
-from rlstore import config
+from rlstore import presets
 from rlstore.cli import main, parse_train
 
 TINY = ["--total-timesteps", "1024", "--no-progress"]
@@ -118,9 +118,9 @@ def test_tyro_errors_are_one_line_naming_the_subcommand_help(logdir, capsys):
 def test_a_replay_buffer_that_does_not_fit_is_refused_before_anything_is_made(
     monkeypatch, logdir, capsys
 ):
-    from rlstore import run
+    from rlstore import machine
 
-    monkeypatch.setattr(run, "available_memory", lambda device: 10 * 2**20)
+    monkeypatch.setattr(machine, "available_memory", lambda device: 10 * 2**20)
     args = ["train", "dqn", "--buffer-size", "1000000", "--logdir", logdir]
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -132,7 +132,7 @@ def test_a_replay_buffer_that_does_not_fit_is_refused_before_anything_is_made(
 def test_presets_lists_every_shipped_preset(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
-    files = sorted(p for p in config.PRESET_DIR.glob("*/*.toml") if p.parent.name != "suites")
+    files = sorted(p for p in presets.PRESET_DIR.glob("*/*.toml") if p.parent.name != "suites")
     for path in files:
         assert f": configs/{path.parent.name}/{path.name}\n" in out
     assert "ppo on every MuJoCo id (automatic)" in out
@@ -140,7 +140,7 @@ def test_presets_lists_every_shipped_preset(capsys):
 
     assert main(["presets", "sac"]) == 0
     only = capsys.readouterr().out
-    sac = sorted(p.name for p in (config.PRESET_DIR / "sac").glob("*.toml"))
+    sac = sorted(p.name for p in (presets.PRESET_DIR / "sac").glob("*.toml"))
     assert sac and all(f": configs/sac/{name}\n" in only for name in sac)
     assert only.count("\n    sets ") == len(sac)
     assert main(["presets", "sca"]) == 2
@@ -169,7 +169,7 @@ def test_print_config_says_where_each_value_came_from(tmp_path, capsys):
         main(args)
     assert exit_.value.code == 0 and not logdir.exists()
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    preset = config.PRESET_DIR / "a2c" / "Acrobot-v1.toml"
+    preset = presets.PRESET_DIR / "a2c" / "Acrobot-v1.toml"
     assert lines["num_envs"].split("#")[1].strip() == "flag"  # flag over file over preset
     assert "= 3 " in lines["num_envs"] and lines["anneal_lr"].endswith("# flag")
     assert lines["gamma"].endswith(f"# file {own}") and "= 0.9 " in lines["gamma"]

@@ -6,24 +6,24 @@ import re
 import gymnasium as gym
 import pytest
 
-from rlstore import algos, config
+from rlstore import algos, config, presets
 from rlstore.cli import parse_train
 
 
 def test_precedence_defaults_preset_config_flags(tmp_path, monkeypatch):
-    presets = tmp_path / "configs"
-    (presets / "ppo").mkdir(parents=True)
-    (presets / "ppo" / "Acrobot-v1.toml").write_text(
+    preset_dir = tmp_path / "configs"
+    (preset_dir / "ppo").mkdir(parents=True)
+    (preset_dir / "ppo" / "Acrobot-v1.toml").write_text(
         "num_envs = 8\nlearning_rate = 1e-3\nseed = 5\n"
     )
-    monkeypatch.setattr(config, "PRESET_DIR", presets)
+    monkeypatch.setattr(presets, "PRESET_DIR", preset_dir)
     user = tmp_path / "mine.toml"
     user.write_text("learning_rate = 3e-4\nnum_steps = 64\nseed = 6\n")
 
     _, cfg, preset = parse_train(["ppo"])
     assert preset is None and cfg.num_envs == 4  # no preset for CartPole-v1 here
     _, cfg, preset = parse_train(["ppo", "--env", "Acrobot-v1"])
-    assert preset == presets / "ppo" / "Acrobot-v1.toml"
+    assert preset == preset_dir / "ppo" / "Acrobot-v1.toml"
     assert (cfg.num_envs, cfg.learning_rate, cfg.seed) == (8, 1e-3, 5)  # preset over defaults
     _, cfg, _ = parse_train(["ppo", "--env", "Acrobot-v1", "--config", str(user)])
     assert (cfg.num_envs, cfg.learning_rate, cfg.num_steps, cfg.seed) == (8, 3e-4, 64, 6)
@@ -32,23 +32,23 @@ def test_precedence_defaults_preset_config_flags(tmp_path, monkeypatch):
 
 
 def test_shipped_presets_are_valid():
-    found = sorted(p for p in config.PRESET_DIR.glob("*/*.toml") if p.parent.name != "suites")
+    found = sorted(p for p in presets.PRESET_DIR.glob("*/*.toml") if p.parent.name != "suites")
     names = {f"{p.parent.name}/{p.name}" for p in found}
     assert {"ppo/CartPole-v1.fast.toml", "dqn/CartPole-v1.fast.toml"} <= names
     for path in found:
         algo = path.parent.name
-        cfg = config.apply_overrides(
-            algos.get(algo).config(), config.read_config(path, "preset"), str(path)
+        cfg = presets.apply_overrides(
+            algos.get(algo).config(), presets.read_config(path, "preset"), str(path)
         )
         config.validate(cfg)  # raises UsageError for an invalid preset
         env_id = re.match(r"^(.*?-v\d+)", path.name)  # Env-vN.toml or Env-vN.NAME.toml
-        assert path.stem in config.FAMILIES or env_id.group(1) in gym.registry, path
+        assert path.stem in presets.FAMILIES or env_id.group(1) in gym.registry, path
 
 
 @pytest.mark.parametrize("env_id", ["HalfCheetah-v4", "Hopper-v5", "Walker2d-v4", "Ant-v5"])
 def test_mujoco_ids_get_the_published_continuous_control_defaults(env_id):
-    cfg, preset = config.resolve("ppo", env_id)
-    assert preset == config.PRESET_DIR / "ppo" / "mujoco.toml"
+    cfg, preset = presets.resolve("ppo", env_id)
+    assert preset == presets.PRESET_DIR / "ppo" / "mujoco.toml"
     expected = dict(
         num_envs=1,
         num_steps=2048,
@@ -69,9 +69,9 @@ def test_mujoco_ids_get_the_published_continuous_control_defaults(env_id):
         total_timesteps=1_000_000,
     )
     assert {k: getattr(cfg, k) for k in expected} == expected
-    cfg, preset = config.resolve("ppo", env_id, {"norm_reward": False})  # flags still win
+    cfg, preset = presets.resolve("ppo", env_id, {"norm_reward": False})  # flags still win
     assert not cfg.norm_reward and cfg.norm_obs
-    assert config.resolve("a2c", env_id)[1] is None  # the family preset is PPO's
+    assert presets.resolve("a2c", env_id)[1] is None  # the family preset is PPO's
 
 
 def test_box2d_presets_name_their_source():
@@ -81,12 +81,12 @@ def test_box2d_presets_name_their_source():
         "ppo/BipedalWalker-v3",
         "ppo/Pendulum-v1",
     ):
-        text = (config.PRESET_DIR / f"{name}.toml").read_text()
+        text = (presets.PRESET_DIR / f"{name}.toml").read_text()
         assert "RL Baselines3 Zoo" in text and "hyperparams/" in text
     # A2C's zoo values did not learn LunarLander-v3: the preset says so and whose it is
-    text = (config.PRESET_DIR / "a2c/LunarLander-v3.toml").read_text()
+    text = (presets.PRESET_DIR / "a2c/LunarLander-v3.toml").read_text()
     assert "RL Baselines3 Zoo" in text and "rlstore's own values" in text
-    cfg, _ = config.resolve("dqn", "LunarLander-v3")
+    cfg, _ = presets.resolve("dqn", "LunarLander-v3")
     assert cfg.q_hidden == (256, 256) and cfg.loss == "huber"
 
 

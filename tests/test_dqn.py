@@ -219,7 +219,7 @@ def test_the_buffer_check_counts_observations_where_the_buffer_lives(monkeypatch
     import numpy as np
     import torch
 
-    from rlstore import run
+    from rlstore import machine
     from rlstore.algos.dqn import DQNConfig, check_buffer_fits
     from rlstore.errors import UsageError
     from rlstore.storage.replay import ReplayBuffer
@@ -228,7 +228,7 @@ def test_the_buffer_check_counts_observations_where_the_buffer_lives(monkeypatch
     space = gym.spaces.Box(-1, 1, (64,), np.float32)
     obs_bytes, host_bytes = ReplayBuffer.memory_bytes(100_000, 1, (64,), np.float32)
     free = {"cpu": host_bytes + 1, "cuda": obs_bytes - 1}
-    monkeypatch.setattr(run, "available_memory", lambda device: free[device.type])
+    monkeypatch.setattr(machine, "available_memory", lambda device: free[device.type])
     with pytest.raises(UsageError, match="of cuda memory.*--buffer-device cpu"):
         check_buffer_fits(cfg, space, torch.device("cuda"), frames=False)
     free["cuda"] = obs_bytes

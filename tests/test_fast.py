@@ -505,7 +505,7 @@ def test_a_run_does_not_import_the_compiler_stack(tmp_path):
     import subprocess
     import sys
 
-    from rlstore.run import SKIP_DYNAMO_TORCH_VERSIONS
+    from rlstore.machine import SKIP_DYNAMO_TORCH_VERSIONS
 
     if not torch.__version__.startswith(SKIP_DYNAMO_TORCH_VERSIONS):
         pytest.skip(f"skip_dynamo_import runs on torch {SKIP_DYNAMO_TORCH_VERSIONS} only")
@@ -539,7 +539,7 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
     one of them), the loop's own step goes first, once."""
     from rlstore import algos
     from rlstore.algos._on_policy import build_actor_critic, collect_rollout
-    from rlstore.config import resolve
+    from rlstore.presets import resolve
     from rlstore.run import Run
 
     def collect(lean: bool) -> list:
@@ -810,10 +810,10 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
     import gymnasium as gym
 
     from rlstore import algos
-    from rlstore.config import resolve
     from rlstore.host_networks import HostActorCritic
     from rlstore.host_updates import HostA2CStep, HostDQNStep, HostPPOStep
     from rlstore.lean import LeanDQNStep, LeanRollout, LeanSyncVectorEnv
+    from rlstore.presets import resolve
     from rlstore.run import Callback
 
     called = []

@@ -25,7 +25,7 @@ RUNS = {  # algorithm: its config overrides for a short run, and its seeds
 @pytest.mark.parametrize("fast_paths", ["auto", "off"])
 @pytest.mark.parametrize("algo", sorted(RUNS))
 def test_learns_cartpole_with_and_without_fast_paths(algo, fast_paths, tmp_path):
-    from rlstore.config import resolve
+    from rlstore.presets import resolve
 
     run, seeds = RUNS[algo]
     means = []

@@ -276,10 +276,10 @@ def test_action_masks_reads_either_convention_and_checks_them():
 def test_a_masked_run_resumes_bitwise_and_plays_under_masks(algo, env_id, tmp_path, monkeypatch):
     """The envs raise on a masked action: collection, exploration and evaluation never
     take one; the masks are saved with the run (storage, env wrapper) and restored."""
-    from rlstore import checkpoint
+    from rlstore import env_snapshots
 
     monkeypatch.setattr(
-        checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + ("MaskedPick", "MaskedPair")
+        env_snapshots, "SAVEABLE_ENVS", env_snapshots.SAVEABLE_ENVS + ("MaskedPick", "MaskedPair")
     )
     module, cfg = SETUPS[algo]
     cfg = replace(cfg, env_id=f"space_envs:{env_id}", logdir=str(tmp_path), max_episode_steps=None)

@@ -7,8 +7,8 @@ import torch
 
 from rlstore import algos
 from rlstore.checkpoint import checkpoint_files
-from rlstore.config import resolve
 from rlstore.normalize import RewardScaler
+from rlstore.presets import resolve
 
 
 def tiny(algo, tmp_path, **overrides):

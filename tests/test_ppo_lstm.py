@@ -71,8 +71,8 @@ def test_the_atari_lstm_replays_its_sequences_too(tmp_path, monkeypatch):
     """The Nature CNN + shared LSTM (configs/ppo_lstm/atari.toml, smaller) on Breakout with
     13-step episodes: the same oracle; model.pt rebuilds the CNN LSTM."""
     import rlstore
-    from rlstore.config import resolve
     from rlstore.networks import CnnRecurrentActorCritic
+    from rlstore.presets import resolve
 
     cfg, preset = resolve(
         "ppo_lstm",

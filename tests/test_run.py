@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_runs import Watch, only_run_dir
 
-from rlstore import config
+from rlstore import presets
 from rlstore.algos import dqn
 from rlstore.algos.dqn import DQNConfig
 from rlstore.cli import main, parse_train
@@ -30,7 +30,7 @@ def test_run_start_names_preset_config_run_dir_and_rounding(tmp_path, monkeypatc
     assert main([*args, "--no-progress"]) == 0
     out = capsys.readouterr().out.splitlines()
     run_dir = only_run_dir(logdir)
-    fast = config.PRESET_DIR / "ppo" / "CartPole-v1.fast.toml"
+    fast = presets.PRESET_DIR / "ppo" / "CartPole-v1.fast.toml"
     assert out[0] == (
         f"rlstore: ppo on CartPole-v1, preset: none, config file: {fast}; run directory {run_dir}"
     )
@@ -114,7 +114,7 @@ def test_budget_notes_say_only_what_the_user_asked_for(monkeypatch):
     from rlstore import run
 
     def notes(algo, env_id, **flags):
-        cfg, preset = config.resolve(algo, env_id, flags)
+        cfg, preset = presets.resolve(algo, env_id, flags)
         return run.budget_notes(algo, cfg, preset)
 
     assert notes("ppo", "CartPole-v1") == []  # 500,000 is not whole rollouts, but the default
@@ -147,7 +147,7 @@ def test_progress_shows_the_time_left(monkeypatch, capsys):
 def test_auto_threads_one_for_mlps_the_cores_for_cnns_which_wait_passively(monkeypatch):
     import os
 
-    from rlstore.run import auto_threads
+    from rlstore.machine import auto_threads
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("RLSTORE_RUNS_AT_ONCE", raising=False)
@@ -199,7 +199,7 @@ def test_callbacks_see_iterations_logs_and_checkpoints_and_can_stop_a_run(tmp_pa
     import json
 
     from rlstore.algos import ppo
-    from rlstore.config import resolve
+    from rlstore.presets import resolve
     from rlstore.run import Callback
 
     class Seen(Callback):

@@ -55,10 +55,10 @@ TEST_ENVS = (
 def test_a_run_on_the_space_resumes_bitwise_and_its_policy_plays(
     algo, env_id, tmp_path, monkeypatch
 ):
-    from rlstore import checkpoint
+    from rlstore import env_snapshots
 
     # the test envs' state is plain attributes, as the saveable envs' (their class names)
-    monkeypatch.setattr(checkpoint, "SAVEABLE_ENVS", checkpoint.SAVEABLE_ENVS + TEST_ENVS)
+    monkeypatch.setattr(env_snapshots, "SAVEABLE_ENVS", env_snapshots.SAVEABLE_ENVS + TEST_ENVS)
     module, cfg = SETUPS[algo]
     cfg = replace(cfg, env_id=env_id, logdir=str(tmp_path), max_episode_steps=None)
     full = resumes_bitwise(module, cfg)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -27,8 +27,9 @@ from rlstore.config import (
 )
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.errors import UsageError
+from rlstore.machine import resolve_device
 from rlstore.parts import as_tensors
-from rlstore.run import Run, resolve_device
+from rlstore.run import Run
 from rlstore.storage.replay import ReplayBuffer
 
 
@@ -92,6 +93,11 @@ class DeterministicOffPolicyConfig(ContinuousOffPolicyConfig):
     exploration_noise: NonNegative = 0.1
     """Std of the Gaussian noise added to the actor's actions while training, in units of
     the action box's half-width."""
+    # What td3.py's target and update read: TD3Config makes the smoothing noise flags,
+    # DDPG keeps these (no smoothing, one critic).
+    critics: ClassVar[int] = 1
+    policy_noise: ClassVar[float] = 0.0
+    noise_clip: ClassVar[float] = 0.0
 
 
 def check_bounded_actions(envs: gym.vector.VectorEnv, env_id: str, algo: str) -> None:

@@ -15,7 +15,7 @@ from rlstore.custom_envs import EnvMaker, parse_env_kwargs
 from rlstore.encoders import ImageOptions
 from rlstore.envs import check_env_id, time_limit
 from rlstore.goals import hindsight_for
-from rlstore.run import check_memory
+from rlstore.machine import check_memory
 from rlstore.storage.hindsight import Hindsight
 from rlstore.storage.replay import ReplayBuffer
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from gymnasium import spaces
 
@@ -25,11 +24,8 @@ from rlstore.run import Callback, TrainResult
 
 @dataclass
 class DDPGConfig(DeterministicOffPolicyConfig):
-    """Deep Deterministic Policy Gradient (CleanRL's defaults, which are TD3's)."""
-
-    critics: ClassVar[int] = 1
-    policy_noise: ClassVar[float] = 0.0  # no target policy smoothing
-    noise_clip: ClassVar[float] = 0.0
+    """Deep Deterministic Policy Gradient (CleanRL's defaults, which are TD3's): the
+    base's one critic, no target policy smoothing."""
 
 
 def train(

@@ -34,30 +34,18 @@ from rlstore.algos._shared import (
     optimizer_params,
     update_target,
 )
-from rlstore.config import (
-    Bound,
-    Count,
-    Fraction,
-    NonNegativeInt,
-    Positive,
-    check_widths,
-)
+from rlstore.config import Bound, Count, Fraction, NonNegativeInt, Positive, check_widths
 from rlstore.encoders import encoder_for, stored_dtype, stored_shape
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
 from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep
 from rlstore.lean import LeanDQNStep
+from rlstore.machine import resolve_device
 from rlstore.masks import masks_of
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.parts import first_part
-from rlstore.run import (
-    Callback,
-    Run,
-    TrainingState,
-    TrainResult,
-    resolve_device,
-)
+from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 

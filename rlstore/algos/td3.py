@@ -18,7 +18,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 from gymnasium import spaces
@@ -43,9 +43,6 @@ from rlstore.networks import DeterministicActorCritic, policy_spec
 from rlstore.run import Callback, Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
-if TYPE_CHECKING:
-    from rlstore.algos.ddpg import DDPGConfig
-
 
 @dataclass
 class TD3Config(DeterministicOffPolicyConfig):
@@ -59,7 +56,7 @@ class TD3Config(DeterministicOffPolicyConfig):
 
 
 def smoothed_target_action(
-    target: DeterministicActorCritic, next_obs: torch.Tensor, cfg: TD3Config | DDPGConfig
+    target: DeterministicActorCritic, next_obs: torch.Tensor, cfg: DeterministicOffPolicyConfig
 ) -> torch.Tensor:
     """The target policy's action at s' plus clipped noise, clipped to the box:
     clip(mu'(s') + clip(N(0, policy_noise), -noise_clip, noise_clip) * scale, low, high);
@@ -73,7 +70,7 @@ def smoothed_target_action(
 
 
 def critic_target(
-    target: DeterministicActorCritic, batch: ReplayBatch, cfg: TD3Config | DDPGConfig
+    target: DeterministicActorCritic, batch: ReplayBatch, cfg: DeterministicOffPolicyConfig
 ) -> torch.Tensor:
     """r + gamma * (1 - terminated) * min(Q1', Q2')(s', a'), a' the smoothed target action
     and Q' the target critics (DDPG: Q1' alone, at a' = mu'(s')): a termination cuts the
@@ -89,7 +86,7 @@ def critic_loss(
     agent: DeterministicActorCritic,
     target: DeterministicActorCritic,
     batch: ReplayBatch,
-    cfg: TD3Config | DDPGConfig,
+    cfg: DeterministicOffPolicyConfig,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """((Q1 loss, Q2 loss), (Q1(s, a), Q2(s, a))) on a replay batch, or the same of Q1
     alone (DDPG): the mean squared errors against critic_target."""
@@ -112,7 +109,7 @@ def gradient_step(
     actor_optimizer: torch.optim.Optimizer,
     critic_optimizer: torch.optim.Optimizer,
     buffer: ReplayBuffer,
-    cfg: TD3Config | DDPGConfig,
+    cfg: DeterministicOffPolicyConfig,
 ) -> dict[str, torch.Tensor]:
     """Gradient step `number` (1, 2, ...): the critics on a replay batch; at every
     policy_frequency-th, the actor on that batch and the soft update of every target
@@ -138,7 +135,7 @@ def gradient_step(
 
 
 def train(
-    cfg: TD3Config | DDPGConfig,
+    cfg: DeterministicOffPolicyConfig,
     preset: Path | None = None,
     resume: Path | None = None,
     callbacks: Sequence[Callback] = (),
