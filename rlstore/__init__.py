@@ -35,7 +35,7 @@ _EXPORTS = {
     "ReplayBatch": "rlstore.storage.replay",
     "QNetwork": "rlstore.networks",
     "DQNConfig": "rlstore.algos.dqn",
-    "resolve": "rlstore.config",
+    "resolve": "rlstore.presets",
     "train_dqn": ("rlstore.algos.dqn", "train"),
     "load_policy": "rlstore.evaluate",
     "Policy": "rlstore.evaluate",

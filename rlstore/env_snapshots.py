@@ -107,7 +107,7 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
         envs.set_attr("restoring", [pickle.dumps(chain) for chain in state["envs"]])
         _check_replays(envs.call("apply", _worker_load_chain), vector["observations"])
         return
-    if hasattr(envs, "upgrade_saved_state"):  # (rlstore/lean.py's vector env)
+    if hasattr(envs, "upgrade_saved_state"):  # (rlstore/lean_envs.py)
         vector = envs.upgrade_saved_state(vector)
     _restore(envs, vector)
     if state["envs"]:

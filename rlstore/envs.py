@@ -18,7 +18,7 @@ import importlib
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -26,8 +26,6 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from rlstore import algos
-from rlstore.algos import Algorithm
 from rlstore.atari import is_atari, make_atari_envs
 from rlstore.bit_flipping import register as register_bit_flipping
 from rlstore.config import CommonConfig
@@ -40,9 +38,12 @@ from rlstore.custom_envs import (
 )
 from rlstore.encoders import UnsupportedSpace, describe_space, has_image
 from rlstore.errors import UsageError
-from rlstore.lean import LeanSyncVectorEnv
+from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.masks import ActionMasks, mask_source
 from rlstore.partially_observable import register as register_partially_observable
+
+if TYPE_CHECKING:
+    from rlstore.algos import Algorithm
 
 register_partially_observable()  # CartPoleNoVel-v1, PendulumNoVel-v1
 register_bit_flipping()  # BitFlipping-v0
@@ -168,14 +169,14 @@ def check_spaces(
             f"observations, and Dicts and Tuples of them); {fix}"
         ) from None
     if algorithm is not None and has_image(obs_space) and not algorithm.image_observations:
-        others = [a.name for a in algos.all_algorithms() if a.image_observations]
+        others = algorithm.names_of(lambda a: a.image_observations)
         raise UsageError(
             f"{algorithm.name.upper()} takes vector observations, not images such as those "
             f"in {env_id}'s {obs_space}; images train with {', '.join(others)}"
         )
     if algorithm is not None and not algorithm.takes(action_space):
         kinds = " or ".join(kind.__name__ for kind in algorithm.action_spaces)
-        others = [a.name for a in algos.all_algorithms() if a.takes(action_space)]
+        others = algorithm.names_of(lambda a: a.takes(action_space))
         offer = f"; use `rlstore train {others[0]}`" if others else ""
         offer += "".join(f" or `rlstore train {name}`" for name in others[1:])
         raise UsageError(

@@ -26,7 +26,8 @@ from rlstore.cli import parse_train
 from rlstore.envs import EpisodeStats
 from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep
-from rlstore.lean import LeanDQNStep, LeanSyncVectorEnv
+from rlstore.lean import LeanDQNStep
+from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.storage import ReplayBuffer
 
 seconds: defaultdict[str, float] = defaultdict(float)

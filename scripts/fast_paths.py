@@ -24,7 +24,8 @@ from torch.distributions import Categorical
 
 from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep, HostPPOStep
-from rlstore.lean import LeanRollout, LeanSyncVectorEnv
+from rlstore.lean import LeanRollout
+from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.networks import ActorCritic, QNetwork, sample_categorical
 
 

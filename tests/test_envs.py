@@ -202,7 +202,7 @@ def test_an_env_that_fails_to_make_leaves_no_second_error(monkeypatch):
     1.1's closes it; 1.4's does not) must not raise one more, printed after the message."""
     import gc
 
-    from rlstore.lean import LeanSyncVectorEnv
+    from rlstore.lean_envs import LeanSyncVectorEnv
 
     unraisable = []
     monkeypatch.setattr("sys.unraisablehook", unraisable.append)

@@ -12,7 +12,8 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from rlstore.host_networks import GreedyActor, SequentialRunner
-from rlstore.lean import LeanDQNStep, LeanRollout, LeanSyncVectorEnv
+from rlstore.lean import LeanDQNStep, LeanRollout
+from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.networks import (
     ActorCritic,
     CnnQNetwork,
@@ -812,7 +813,8 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
     from rlstore import algos
     from rlstore.host_networks import HostActorCritic
     from rlstore.host_updates import HostA2CStep, HostDQNStep, HostPPOStep
-    from rlstore.lean import LeanDQNStep, LeanRollout, LeanSyncVectorEnv
+    from rlstore.lean import LeanDQNStep, LeanRollout
+    from rlstore.lean_envs import LeanSyncVectorEnv
     from rlstore.presets import resolve
     from rlstore.run import Callback
 

@@ -74,6 +74,12 @@ class Algorithm:
         """Whether it can act in `action_space`."""
         return isinstance(action_space, self.action_spaces)
 
+    @staticmethod
+    def names_of(which: Callable[[Algorithm], bool]) -> list[str]:
+        """The names of the algorithms `which` holds for (loaded), for the messages of the
+        modules that are given an Algorithm and do not import the registry (envs.py)."""
+        return [algorithm.name for algorithm in all_algorithms() if which(algorithm)]
+
 
 _registered: dict[str, Algorithm] = {}
 
