@@ -40,7 +40,7 @@ from rlstore.machine import RUNS_AT_ONCE, available_cores
 from rlstore.presets import resolve
 
 if TYPE_CHECKING:
-    from rlstore.run import Callback
+    from rlstore.callbacks import Callback
 
 # Fields a run directory may differ in and still be the same run: where it runs, how it
 # reports, how often it checkpoints (saving touches neither the RNG nor the learning: the

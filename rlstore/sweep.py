@@ -27,13 +27,8 @@ import numpy as np
 from rlstore import algos
 from rlstore.config import validate
 from rlstore.errors import UsageError
-from rlstore.executor import (
-    RunSpec,
-    available_cores,
-    check_gpu_share,
-    check_workers,
-    connect_ray,
-)
+from rlstore.executor import RunSpec, check_gpu_share, check_workers, connect_ray
+from rlstore.machine import available_cores
 from rlstore.presets import tomllib
 from rlstore.text import plural
 
@@ -208,7 +203,7 @@ def trial(params: dict[str, Any], spec: dict[str, Any], out: str) -> None:
             tune.report({"score": score, "seeds_done": 0, "env_steps": marks[reported]})
             reported += 1
 
-    from rlstore.run import Callback
+    from rlstore.callbacks import Callback
 
     class ReportMarks(Callback):  # the first seed's scores, as its run reaches each mark
         def on_log(self, run: Any, scalars: dict[str, float]) -> None:

@@ -28,7 +28,7 @@ def child(seed: int, steps: int, rollout: str) -> dict:
     from benchmark import sb3_recurrent_ppo  # this script's directory
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from rlstore.suite import first_reach
+    from rlstore.suite_results import first_reach
 
     returns: list[float] = []
     ends: list[int] = []

@@ -20,24 +20,9 @@ from rlstore.cli import BenchmarkArgs, main
 from rlstore.errors import UsageError
 from rlstore.locks import DirectoryLock
 from rlstore.presets import PRESET_DIR
-from rlstore.suite import (
-    Row,
-    RunProgress,
-    Suite,
-    ago,
-    core_hours_left,
-    find_suite,
-    load_suite,
-    made_where,
-    preflight,
-    results_markdown,
-    row_result,
-    run_order,
-    run_result,
-    still_to_run,
-    suite_part,
-    version_satisfies,
-)
+from rlstore.suite import RunProgress, ago, core_hours_left, run_order, still_to_run, suite_part
+from rlstore.suite_file import Row, Suite, find_suite, load_suite, preflight, version_satisfies
+from rlstore.suite_results import made_where, results_markdown, row_result, run_result
 
 TINY = """
 name = "tiny"

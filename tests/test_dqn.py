@@ -74,7 +74,8 @@ def test_soft_target_updates_move_by_tau(logdir):
 
 def test_epsilon_at_chosen_steps(logdir, monkeypatch):
     """The epsilon each step acted with, as the loop logs it (every step here)."""
-    from rlstore.run import Callback, Run
+    from rlstore.callbacks import Callback
+    from rlstore.run import Run
 
     eps = {}
 

@@ -15,11 +15,12 @@ from tiny_runs import SETUPS, Watch, params, replace, same_params
 
 import rlstore
 from rlstore.algos import dqn, ppo
+from rlstore.callbacks import Callback, StopAtEvalReturn
 from rlstore.checkpoint import read_policy
 from rlstore.cli import main
 from rlstore.errors import TrainingInterrupted
-from rlstore.evaluate import BEST_MODEL, Evaluator, eval_seed, play_episodes
-from rlstore.run import Callback, StopAtEvalReturn
+from rlstore.evaluate import Evaluator, eval_seed, play_episodes
+from rlstore.policy import BEST_MODEL
 
 
 def evaluations(run_dir: Path) -> list[dict]:

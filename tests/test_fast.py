@@ -811,12 +811,12 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
     import gymnasium as gym
 
     from rlstore import algos
+    from rlstore.callbacks import Callback
     from rlstore.host_networks import HostActorCritic
     from rlstore.host_updates import HostA2CStep, HostDQNStep, HostPPOStep
     from rlstore.lean import LeanDQNStep, LeanRollout
     from rlstore.lean_envs import LeanSyncVectorEnv
     from rlstore.presets import resolve
-    from rlstore.run import Callback
 
     called = []
     for cls in (

@@ -48,7 +48,7 @@ def test_docs_python_examples_run(tmp_path, monkeypatch):
 
 def test_docs_suite_and_sweep_examples_load(tmp_path):
     """The suite and sweep formats in docs/guides/many-runs.md are what the loaders accept."""
-    from rlstore.suite import load_suite
+    from rlstore.suite_file import load_suite
     from rlstore.sweep import load_spec
 
     blocks = re.findall(

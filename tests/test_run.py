@@ -199,8 +199,8 @@ def test_callbacks_see_iterations_logs_and_checkpoints_and_can_stop_a_run(tmp_pa
     import json
 
     from rlstore.algos import ppo
+    from rlstore.callbacks import Callback
     from rlstore.presets import resolve
-    from rlstore.run import Callback
 
     class Seen(Callback):
         def __init__(self):

@@ -12,7 +12,7 @@ from rlstore.algos.dqn import DQNConfig
 from rlstore.algos.ppo import PPOConfig
 from rlstore.algos.sac import SACConfig
 from rlstore.algos.td3 import TD3Config
-from rlstore.run import Callback
+from rlstore.callbacks import Callback
 
 COMMON = dict(device="cpu", progress=False, max_episode_steps=60, keep_checkpoints=100)
 SETUPS = {

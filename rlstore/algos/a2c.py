@@ -23,10 +23,11 @@ from rlstore.algos._on_policy import (
     explained_variance,
 )
 from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.callbacks import Callback
 from rlstore.config import Count, Fraction, OnPolicyConfig, Positive
 from rlstore.host_updates import HostA2CStep
 from rlstore.networks import ActorCritic, CnnActorCritic
-from rlstore.run import Callback, Run, TrainResult
+from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch
 
 

@@ -18,8 +18,9 @@ from gymnasium import spaces
 
 from rlstore.algos import Algorithm, td3
 from rlstore.algos._off_policy import DeterministicOffPolicyConfig
+from rlstore.callbacks import Callback
 from rlstore.networks import DeterministicActorCritic
-from rlstore.run import Callback, TrainResult
+from rlstore.run import TrainResult
 
 
 @dataclass

@@ -34,6 +34,7 @@ from rlstore.algos._shared import (
     optimizer_params,
     update_target,
 )
+from rlstore.callbacks import Callback
 from rlstore.config import Bound, Count, Fraction, NonNegativeInt, Positive, check_widths
 from rlstore.encoders import encoder_for, stored_dtype, stored_shape
 from rlstore.envs import is_frame_stack, make_training_envs
@@ -45,7 +46,7 @@ from rlstore.machine import resolve_device
 from rlstore.masks import masks_of
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.parts import first_part
-from rlstore.run import Callback, Run, TrainingState, TrainResult
+from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 

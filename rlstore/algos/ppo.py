@@ -23,11 +23,12 @@ from rlstore.algos._on_policy import (
     log_update,
 )
 from rlstore.algos._shared import linear_schedule, optimizer_params
+from rlstore.callbacks import Callback
 from rlstore.config import Count, OnPolicyConfig, Positive
 from rlstore.errors import UsageError
 from rlstore.host_updates import HostPPOStep
 from rlstore.networks import ActorCritic, CnnActorCritic
-from rlstore.run import Callback, Run, TrainResult
+from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 
 

@@ -23,6 +23,7 @@ from rlstore.algos import Algorithm
 from rlstore.algos._on_policy import log_update, obs_normalizer_for
 from rlstore.algos._shared import image_options, linear_schedule, optimizer_params
 from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
+from rlstore.callbacks import Callback
 from rlstore.config import Count
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
@@ -37,7 +38,7 @@ from rlstore.networks import (
 )
 from rlstore.normalize import RewardScaler
 from rlstore.parts import take
-from rlstore.run import Callback, Run, TrainingState, TrainResult
+from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 
 
