@@ -108,7 +108,7 @@ SUMMARY_TAGS = {"charts/episodic_return": "returns", "charts/episodic_length": "
 def read_scalars(run_dir: Path, tag: str) -> Curve | None:
     """(steps, values) of `tag` in the run's event files, or None when it has none. The
     training episodes' tags fall back on summary.json, which holds every episode at the step
-    it was logged at: a run kept without its event files (as docs/results/finished-runs
+    it was logged at: a run kept without its event files (as results/finished-runs
     keeps them) or trained with --no-track-tensorboard still draws."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -92,6 +92,7 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "band": list(row.band) if row.band else None,
         "source": row.source,
         "score": row.score,
+        "sampled": bool(row.overrides.get("eval_stochastic", False)),  # eval: not the mode
         "normalize": list(row.normalize) if row.normalize else None,
         "below_band": bool(row.band is not None and mean < row.band[0]),
         "above_band": bool(row.band is not None and mean > row.band[1]),
@@ -137,11 +138,15 @@ def made_where() -> str:
 
 
 def score_text(row: dict) -> str:
-    """A row's score as the results table gives it: success rates with two decimals."""
+    """A row's score as the results table gives it: success rates with two decimals,
+    scores under 10 (MiniGrid's, FrozenLake's) with three, others with one."""
     if row["score"] == "success":
         return f"{row['score_mean']:.2f} +- {row['score_std']:.2f} (success)"
-    mark = " (eval)" if row["score"] == "evaluation" else ""
-    return f"{row['score_mean']:.1f} +- {row['score_std']:.1f}{mark}"
+    mark = ""
+    if row["score"] == "evaluation":
+        mark = " (eval, sampled)" if row.get("sampled") else " (eval)"
+    digits = 3 if abs(row["score_mean"]) < 10 else 1
+    return f"{row['score_mean']:.{digits}f} +- {row['score_std']:.{digits}f}{mark}"
 
 
 def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
@@ -152,7 +157,13 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         f"Score: per seed, the mean of the last {suite.window} training episode returns"
         + (
             " (rows marked (eval): the mean return of the final evaluation, the final policy "
-            "played deterministically as `rlstore eval` plays it, as RL Zoo's tables score)"
+            "played deterministically as `rlstore eval` plays it, as RL Zoo's tables score"
+            + (
+                "; (eval, sampled): its actions sampled, as `rlstore eval --stochastic` plays it"
+                if any(r.get("sampled") for r in rows)
+                else ""
+            )
+            + ")"
             if any(r["score"] == "evaluation" for r in rows)
             else ""
         )

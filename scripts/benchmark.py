@@ -7,23 +7,23 @@ PPO, a MuJoCo env at the continuous-control defaults).
     python scripts/benchmark.py --algos ppo --device cuda --ppo-envs 1024 --ppo-steps 2000000
     python scripts/benchmark.py --parallel 1 2 3        # K copies of one command at once
     python scripts/benchmark.py --algos ppo --env HalfCheetah-v4 --ppo-steps 100000 \
-        --out docs/results/benchmark-halfcheetah                 # PPO's MuJoCo defaults
+        --out results/benchmark-halfcheetah                 # PPO's MuJoCo defaults
     python scripts/benchmark.py --algos ppo --env BreakoutNoFrameskip-v4 --ppo-steps 20480 \
-        --out docs/results/benchmark-atari                       # PPO's Atari defaults
+        --out results/benchmark-atari                       # PPO's Atari defaults
 
 Each run is its own process (so imports and start-up count), runs alternate between the
 two trainers seed by seed, and every run is single-threaded. Per run: env steps/s, seconds
 from launch until the mean return of the last 20 episodes first reaches 475 ('-' if it does
 not within the budget), and peak RSS. Then the ratios rlstore / SB3 (medians), and the floor
 of the PPO batch shape: raw env step time and policy forward time, against which rlstore's
-collect loop is compared. Writes docs/results/benchmark.json and docs/results/benchmark.md.
+collect loop is compared. Writes results/benchmark.json and results/benchmark.md.
 
 --parallel K...: runs K copies of `rlstore train ALGO --env CartPole-v1 --total-timesteps
 N` as users run it (the console command, default options and threads, seeds 1..K) at the
 same time, for each K, and reports the aggregate env steps/s (the sum of the copies' own
 steps/s) and the wall time. Runs sharing the cores must not collapse: the aggregate at K = 3
-on 2 cores should be at least the K = 1 figure. Writes docs/results/parallel-latest.md and .json
-(docs/results/parallel.md holds the before/after figures).
+on 2 cores should be at least the K = 1 figure. Writes results/parallel-latest.md and .json
+(results/parallel.md holds the before/after figures).
 
 --env BreakoutNoFrameskip-v4 (PPO only, any Atari id): rlstore at its Atari defaults (8 envs
 x 128 steps, 4 epochs x 4 minibatches, the Nature CNN, ale-py's vector env), SB3's PPO
@@ -716,7 +716,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--out",
-        help="default docs/results/benchmark, or docs/results/parallel-latest with --parallel",
+        help="default results/benchmark, or results/parallel-latest with --parallel",
     )
     parser.add_argument("--parallel", nargs="+", type=int, metavar="K", help="copies at once")
     parser.add_argument(
@@ -767,10 +767,10 @@ def main() -> None:
     asked_envs = args.ppo_envs
     args.ppo_envs = asked_envs or default_envs
     if args.parallel:
-        args.out = args.out or "docs/results/parallel-latest"
+        args.out = args.out or "results/parallel-latest"
         parallel_main(args)
         return
-    args.out = args.out or "docs/results/benchmark"
+    args.out = args.out or "results/benchmark"
 
     configs = dict(item.split("=", 1) for item in args.rlstore_config)
     trainers = ("rlstore",) if args.no_sb3 else ("rlstore", "sb3")

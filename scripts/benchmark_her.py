@@ -19,7 +19,7 @@ RL Zoo's FetchReach settings (gamma 0.95, lr 1e-3, batch 256, learning from step
 64-64 networks, automatic entropy, future goals x 4), each its own process at default
 threads, one after the other (wall time from launch, imports included); with --profile,
 then where the time goes, from cProfile over a run of each (env steps, storing, sampling with its
-relabelling, gradient steps). Writes docs/results/benchmark-her.md and .json (the part run
+relabelling, gradient steps). Writes results/benchmark-her.md and .json (the part run
 replaces its own section).
 """
 
@@ -40,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "results" / "benchmark-her"
+OUT = ROOT / "results" / "benchmark-her"
 CAPACITIES, EPISODE = (100_000, 1_000_000), 50
 SETTINGS = dict(
     gamma=0.95, learning_rate=1e-3, batch_size=256, learning_starts=1000, hidden=[64, 64]

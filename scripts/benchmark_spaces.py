@@ -20,7 +20,7 @@ minibatches, lr 2.5e-4, clip 0.2, 64-64 tanh actor and critic, Adam eps 1e-5):
 For each K of --parallel, K copies of each trainer's run go at once (seeds 1..K), and the
 aggregate env steps/s (the sum of the copies' own, from their launch to their end, imports
 and start-up included) is reported with the ratio rlstore / SB3. Writes
-docs/results/benchmark-spaces.md and .json.
+results/benchmark-spaces.md and .json.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--steps", type=int, default=40_960)
     parser.add_argument("--parallel", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "benchmark-spaces"))
+    parser.add_argument("--out", default=str(ROOT / "results" / "benchmark-spaces"))
     parser.add_argument("--sb3-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sb3_child:

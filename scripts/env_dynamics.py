@@ -6,7 +6,7 @@ seeded resets with seeded random actions, writes what it saw, and compares two s
     python scripts/env_dynamics.py --compare hopper-3.4.0.npz hopper-4.0.0.npz
 
 Published scores were made on the versions of their day; when an env's physics changed
-since, a score on today's install is a score on another env (docs/results/learning-offpolicy.md).
+since, a score on today's install is a score on another env (results/learning-offpolicy.md).
 It needs gymnasium and the env's engine only, not rlstore, so it runs in any venv.
 """
 

@@ -2,7 +2,7 @@
 --eval-every, side by side, as users start them (`rlstore train`, default options and
 threads), alternating per seed; medians of env steps/s and their ratio.
 
-    python scripts/eval_cost.py                       # -> docs/results/evaluation-cost.md
+    python scripts/eval_cost.py                       # -> results/evaluation-cost.md
     python scripts/eval_cost.py --seeds 1 --quick     # a quicker look
 
 Each case evaluates 10 episodes (the default) at a cadence of about 1/10 of its budget
@@ -67,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--quick", action="store_true", help="a tenth of each budget")
-    parser.add_argument("--out", default="docs/results/evaluation-cost")
+    parser.add_argument("--out", default="results/evaluation-cost")
     args = parser.parse_args()
     rows = []
     for algo, env, steps, every in CASES:

@@ -1,7 +1,7 @@
 """What a 1M-transition Atari replay buffer costs: bytes per transition, resident memory
 once filled, sampling time, and the time and size of saving and loading it.
 
-    python scripts/replay_memory.py                      # -> docs/results/replay-memory.md
+    python scripts/replay_memory.py                      # -> results/replay-memory.md
     python scripts/replay_memory.py --capacity 100000    # a quicker look
 
 Fills ReplayBuffer(frame_stack=4) with a synthetic NEXT_STEP stream of 84x84 uint8 frames
@@ -56,7 +56,7 @@ def fill(buffer: ReplayBuffer, steps: int, game_length: int, rng: np.random.Gene
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--capacity", type=int, default=1_000_000)
-    parser.add_argument("--out", default="docs/results/replay-memory.md")
+    parser.add_argument("--out", default="results/replay-memory.md")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@ Blackjack rows, for the rows' reference bands (issue: within 0.05 of SB3's retur
 same steps and seeds).
 
     pip install -e ".[bench]"
-    python scripts/sb3_blackjack.py          # 3 seeds each; writes docs/results/sb3-blackjack.*
+    python scripts/sb3_blackjack.py          # 3 seeds each; writes results/sb3-blackjack.*
 
 SB3 takes no Tuple observations: Blackjack's (Discrete(32), Discrete(11), Discrete(2)) goes
 to it through Gymnasium's FlattenObservation, the concatenated one-hots, which is what
@@ -109,7 +109,7 @@ def main() -> None:
             "steps": STEPS,
         }
         print(algo, results[algo], flush=True)
-    out = ROOT / "docs" / "results" / "sb3-blackjack"
+    out = ROOT / "results" / "sb3-blackjack"
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [
         "# SB3 on Blackjack-v1 (scripts/sb3_blackjack.py)",

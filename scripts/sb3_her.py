@@ -2,7 +2,7 @@
 her`'s td3-her row, side by side with it (issue 59).
 
     pip install -e ".[bench,robotics]"
-    python scripts/sb3_her.py [RESULTS_JSON]   # 3 seeds; writes docs/results/sb3-her.*
+    python scripts/sb3_her.py [RESULTS_JSON]   # 3 seeds; writes results/sb3-her.*
     python scripts/sb3_her.py --table [RESULTS_JSON]  # the table again, SB3's runs as saved
     python scripts/sb3_her.py RESULTS_JSON --seeds 2 3  # these seeds, added to the saved
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", help="these seeds, added to the saved")
     args = parser.parse_args()
     suite_results = Path(args.results_json)
-    out = ROOT / "docs" / "results" / "sb3-her"
+    out = ROOT / "results" / "sb3-her"
     saved = out.with_suffix(".json")
     seeds = () if args.table else tuple(args.seeds or SEEDS)
     keep = args.table or args.seeds  # the saved runs stay, but for the seeds rerun

@@ -22,7 +22,7 @@ from rlstore.locks import DirectoryLock
 from rlstore.presets import PRESET_DIR
 from rlstore.suite import RunProgress, ago, core_hours_left, run_order, still_to_run, suite_part
 from rlstore.suite_file import Row, Suite, find_suite, load_suite, preflight, version_satisfies
-from rlstore.suite_results import made_where, results_markdown, row_result, run_result
+from rlstore.suite_results import made_where, results_markdown, row_result, run_result, score_text
 
 TINY = """
 name = "tiny"
@@ -298,7 +298,7 @@ def test_a_finished_run_whose_checkpoints_were_removed_stays_finished(tmp_path, 
     assert files_in(run_dir) == files
 
 
-ARCHIVE = Path(__file__).resolve().parents[1] / "docs" / "results" / "finished-runs"
+ARCHIVE = Path(__file__).resolve().parents[1] / "results" / "finished-runs"
 OFFPOLICY_PAGE = ARCHIVE.parent / "learning-offpolicy.md"
 
 
@@ -328,7 +328,7 @@ def first_step_at_or_above(returns: list[float], steps: list[int], threshold: fl
 
 @pytest.mark.parametrize("suite", ["mujoco-offpolicy", "offpolicy"])
 def test_archived_runs_read_back_as_the_shipped_suites_finished_runs(suite, tmp_path, capsys):
-    """docs/results/finished-runs keeps finished runs' config.json and summary.json, so
+    """results/finished-runs keeps finished runs' config.json and summary.json, so
     that a machine lost does not lose them. Copied into an output directory, the shipped
     suite reads each back as finished with its summary's score (the mean of its last 100
     returns) and, on a row with a threshold, its first step there, on today's code and
@@ -900,3 +900,15 @@ def test_a_row_scored_on_other_versions_than_its_band_says_so(tmp_path):
     assert "| BELOW (band scored under mujoco<3.5; ran mujoco 4.0.0) |" in table
     result = row_result(loaded, runs[1:2] + runs[3:])  # the band's physics, or unrecorded
     assert "| BELOW |" in results_markdown(Suite("s", [loaded]), [result])
+
+
+def test_score_text_marks_sampled_evaluations_and_keeps_small_scores_readable():
+    row = {"score": "evaluation", "score_mean": 0.96531, "score_std": 0.00012}
+    assert score_text(row) == "0.965 +- 0.000 (eval)"
+    assert score_text(row | {"sampled": True}) == "0.965 +- 0.000 (eval, sampled)"
+    assert score_text({"score": "training", "score_mean": 481.23, "score_std": 20.5}) == (
+        "481.2 +- 20.5"
+    )
+    assert score_text({"score": "success", "score_mean": 0.847, "score_std": 0.057}) == (
+        "0.85 +- 0.06 (success)"
+    )

@@ -39,7 +39,7 @@ def test_every_docs_path_cited_exists():
             continue
         for path in CITED.findall(source.read_text()):
             target = ROOT / path
-            # a script's output prefix (docs/results/benchmark) names its .md and .json
+            # a script's output prefix (results/benchmark) names its .md and .json
             if not (target.exists() or target.with_suffix(".md").exists()):
                 cited.append(f"{source.relative_to(ROOT)}: {path}")
     assert not cited, cited

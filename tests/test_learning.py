@@ -1,7 +1,7 @@
 """Learning smoke tests: each algorithm, with its fast paths and without them (the
 reference, --fast-paths off), gets well above a random policy on CartPole-v1 in a short
 run. (A random policy's episodes last about 22 steps; the shipped suites check the
-published scores: docs/results/classic.md.)
+published scores: results/classic.md.)
 
 The lengths leave room for another CPU's rounding to make the run another draw: on an AMD
 EPYC, PPO at 50,000 steps passed on seeds 1-12 (fast paths on; off, seeds 1-5 and 12; the

@@ -281,7 +281,7 @@ def test_runs_made_before_a_config_field_existed_group_with_runs_at_its_default(
 
 
 def test_a_finished_run_without_event_files_draws_its_episodes_from_summary_json(tmp_path):
-    """A run kept as config.json and summary.json alone (docs/results/finished-runs) gives the
+    """A run kept as config.json and summary.json alone (results/finished-runs) gives the
     same training-episode curves as its event files did: the same steps, the values to
     float32 (TensorBoard's precision). Other tags are then missing."""
     from tiny_runs import SETUPS, replace

@@ -1,0 +1,99 @@
+"""docs/results.md, the short summary of the learning checks, written from their data: one
+table per suite (family), each row's score beside its reference and the command that made
+it, from results/learning-*.json (what `rlstore benchmark SUITE` wrote there).
+
+    python scripts/results_summary.py            # rewrite docs/results.md
+    python scripts/results_summary.py --check    # exit 1 if docs/results.md is not that
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+PAGE = ROOT / "docs" / "results.md"
+# Records kept as prose, not yet as data a page is written from (results/README.md).
+PROSE_ONLY = {
+    "classic.md": "PPO, A2C and DQN on CartPole-v1 and Acrobot-v1 (`rlstore benchmark classic`)",
+    "learning-offpolicy.md": "SAC, TD3 and DDPG on Pendulum, LunarLanderContinuous and "
+    "MuJoCo (`rlstore benchmark offpolicy`, `rlstore benchmark mujoco-offpolicy`)",
+}
+
+
+def number(x: float) -> str:
+    return f"{x:,.3g}" if abs(x) < 10 else f"{x:,.1f}"
+
+
+def score(row: dict) -> str:
+    kind = {"evaluation": " (eval)", "success": " (success)"}.get(row.get("score"), "")
+    return f"{number(row['score_mean'])} +- {number(row['score_std'])}{kind}"
+
+
+def verdict(row: dict) -> str:
+    if row.get("band") is None:
+        return "-"
+    return "below" if row.get("below_band") else "above" if row.get("above_band") else "in band"
+
+
+def table(data: dict, page: str) -> str:
+    suite = data["suite"]
+    lines = [
+        f"## {suite}",
+        "",
+        f"`rlstore benchmark {suite}`; every run, its machine and commit: "
+        f"[results/{page}](../results/{page}).",
+        "",
+        "| row | env | steps | seeds | ours | reference band | verdict | reference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in data["rows"]:
+        band = "-" if row.get("band") is None else f"[{row['band'][0]:g}, {row['band'][1]:g}]"
+        source = (row.get("source") or "-").replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {row['name']} | {row['env']} | {row['steps']:,} | {len(row['seeds'])} | "
+            f"{score(row)} | {band} | {verdict(row)} | {source} |"
+        )
+    return "\n".join(lines)
+
+
+def summary() -> str:
+    parts = [
+        "# Results: the learning checks in short",
+        "",
+        "Written by `python scripts/results_summary.py` from results/learning-*.json, the",
+        "data `rlstore benchmark SUITE` wrote; the pages beside that data, in results/, hold",
+        "each suite's runs, curves, machine and commit, and the speed benchmarks against",
+        "stable-baselines3 (results/README.md lists them). Score: per seed the mean of the",
+        "last 100 training returns, or (eval) the final policy's mean evaluation return, or",
+        "(success) its success rate; per row the mean +- std over seeds.",
+    ]
+    for path in sorted(RESULTS.glob("learning-*.json")):
+        data = json.loads(path.read_text())
+        if "suite" in data and "rows" in data:
+            parts += ["", table(data, path.with_suffix(".md").name)]
+    parts += ["", "## Kept as prose", ""]
+    parts += [f"- [results/{page}](../results/{page}): {what}" for page, what in PROSE_ONLY.items()]
+    return "\n".join(parts) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare, do not write")
+    args = parser.parse_args()
+    text = summary()
+    if args.check:
+        if not PAGE.is_file() or PAGE.read_text() != text:
+            print(f"{PAGE} is not what the data gives: run scripts/results_summary.py")
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
