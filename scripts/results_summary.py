@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from rlstore.suite_results import score_text
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 PAGE = ROOT / "docs" / "results.md"
@@ -22,15 +24,6 @@ PROSE_ONLY = {
     "learning-offpolicy.md": "SAC, TD3 and DDPG on Pendulum, LunarLanderContinuous and "
     "MuJoCo (`rlstore benchmark offpolicy`, `rlstore benchmark mujoco-offpolicy`)",
 }
-
-
-def number(x: float) -> str:
-    return f"{x:,.3g}" if abs(x) < 10 else f"{x:,.1f}"
-
-
-def score(row: dict) -> str:
-    kind = {"evaluation": " (eval)", "success": " (success)"}.get(row.get("score"), "")
-    return f"{number(row['score_mean'])} +- {number(row['score_std'])}{kind}"
 
 
 def verdict(row: dict) -> str:
@@ -53,9 +46,10 @@ def table(data: dict, page: str) -> str:
     for row in data["rows"]:
         band = "-" if row.get("band") is None else f"[{row['band'][0]:g}, {row['band'][1]:g}]"
         source = (row.get("source") or "-").replace("|", "/").replace("\n", " ")
+        source = source.replace("docs/results/", "results/")  # (data written before the move)
         lines.append(
             f"| {row['name']} | {row['env']} | {row['steps']:,} | {len(row['seeds'])} | "
-            f"{score(row)} | {band} | {verdict(row)} | {source} |"
+            f"{score_text({'score': 'training', **row})} | {band} | {verdict(row)} | {source} |"
         )
     return "\n".join(lines)
 
@@ -68,8 +62,9 @@ def summary() -> str:
         "data `rlstore benchmark SUITE` wrote; the pages beside that data, in results/, hold",
         "each suite's runs, curves, machine and commit, and the speed benchmarks against",
         "stable-baselines3 (results/README.md lists them). Score: per seed the mean of the",
-        "last 100 training returns, or (eval) the final policy's mean evaluation return, or",
-        "(success) its success rate; per row the mean +- std over seeds.",
+        "last 100 training returns, or (eval) the final policy's mean evaluation return",
+        "(sampled: its actions sampled, not its mode), or (success) its success rate; per",
+        "row the mean +- std over seeds.",
     ]
     for path in sorted(RESULTS.glob("learning-*.json")):
         data = json.loads(path.read_text())
