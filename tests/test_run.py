@@ -111,11 +111,11 @@ def test_progress_counts_only_this_process_steps(monkeypatch, capsys):
 
 
 def test_budget_notes_say_only_what_the_user_asked_for(monkeypatch):
-    from rlstore import run
+    from rlstore import reporting
 
     def notes(algo, env_id, **flags):
         cfg, preset = presets.resolve(algo, env_id, flags)
-        return run.budget_notes(algo, cfg, preset)
+        return reporting.budget_notes(algo, cfg, preset)
 
     assert notes("ppo", "CartPole-v1") == []  # 500,000 is not whole rollouts, but the default
     assert notes("ppo", "CartPole-v1", config="fast") == []  # nor the shipped fast preset
@@ -128,17 +128,17 @@ def test_budget_notes_say_only_what_the_user_asked_for(monkeypatch):
     assert long.startswith("1,000,000 env steps, the published budget (mujoco.toml)")
     assert "--total-timesteps N" in long
     assert notes("ppo", "HalfCheetah-v4", total_timesteps=102_400) == []
-    monkeypatch.setattr(run, "LONG_BUDGET", 100_000)
+    monkeypatch.setattr(reporting, "LONG_BUDGET", 100_000)
     assert "the published budget (the defaults)" in notes("ppo", "CartPole-v1")[0]
 
 
 def test_progress_shows_the_time_left(monkeypatch, capsys):
-    from rlstore import run
+    from rlstore import reporting
 
-    assert [run.duration(s) for s in (4.4, 59.6, 725, 11_220)] == ["4s", "1m00s", "12m05s", "3h07m"]
+    assert [reporting.duration(s) for s in (4.4, 59.6, 725, 11_220)] == ["4s", "1m00s", "12m05s", "3h07m"]
     clock = iter([0.0, 10.0])
-    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))
-    progress = run.Progress(10_000_000, "ppo ALE/Pong-v5")
+    monkeypatch.setattr(reporting.time, "perf_counter", lambda: next(clock))
+    progress = reporting.Progress(10_000_000, "ppo ALE/Pong-v5")
     progress.update(10_000, None, force=True)  # 1,000 steps/s: 9,990,000 steps to go
     assert "eta 2h46m" in capsys.readouterr().err
 
