@@ -135,7 +135,12 @@ def test_budget_notes_say_only_what_the_user_asked_for(monkeypatch):
 def test_progress_shows_the_time_left(monkeypatch, capsys):
     from rlstore import reporting
 
-    assert [reporting.duration(s) for s in (4.4, 59.6, 725, 11_220)] == ["4s", "1m00s", "12m05s", "3h07m"]
+    assert [reporting.duration(s) for s in (4.4, 59.6, 725, 11_220)] == [
+        "4s",
+        "1m00s",
+        "12m05s",
+        "3h07m",
+    ]
     clock = iter([0.0, 10.0])
     monkeypatch.setattr(reporting.time, "perf_counter", lambda: next(clock))
     progress = reporting.Progress(10_000_000, "ppo ALE/Pong-v5")
