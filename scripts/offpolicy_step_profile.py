@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rlstore.algos import sac, td3
-from rlstore.networks import DeterministicActorCritic, SquashedGaussianActorCritic
+from rlstore.continuous_networks import DeterministicActorCritic, SquashedGaussianActorCritic
 from rlstore.storage.replay import ReplayBuffer
 
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah's

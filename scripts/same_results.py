@@ -3,10 +3,11 @@
     python scripts/same_results.py 94abcf9        # that commit against the working tree
 
 Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
-every option) and SAC and TD3 on Pendulum with the code of COMMIT, checked out into a
-temporary git worktree, and with the code of this working tree, each in its own process
-with one torch thread, then compares every run's episode returns and final parameters bit
-for bit. Exits 1 on any difference.
+every option), recurrent PPO, PPO under Taxi's action masks, DQN on FrozenLake's Discrete
+observations and with hindsight replay on bit flipping, and SAC, TD3 and DDPG on Pendulum,
+with the code of COMMIT, checked out into a temporary git worktree, and with the code of
+this working tree, each in its own process with one torch thread, then compares every
+run's episode returns and final parameters bit for bit. Exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -78,6 +79,37 @@ RUNS = {
         "2000",
         "--learning-starts",
         "1000",
+    ],
+    "ddpg": [
+        "ddpg",
+        "--env",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "2000",
+        "--learning-starts",
+        "1000",
+    ],
+    "ppo_lstm": ["ppo_lstm", "--env", "CartPoleNoVel-v1", "--total-timesteps", "4096"],
+    # the user's own spaces: Discrete observations and action masks, a goal Dict with HER
+    "ppo-masked-taxi": ["ppo", "--env", "Taxi-v4", "--total-timesteps", "8192"],
+    "dqn-frozenlake": [
+        "dqn",
+        "--env",
+        "FrozenLake-v1",
+        "--total-timesteps",
+        "4000",
+        "--learning-starts",
+        "500",
+    ],
+    "dqn-her-bits": [
+        "dqn",
+        "--env",
+        "BitFlipping-v0",
+        "--her",
+        "--total-timesteps",
+        "3000",
+        "--learning-starts",
+        "500",
     ],
 }
 

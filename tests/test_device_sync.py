@@ -133,8 +133,8 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
     """SAC's, TD3's or DDPG's acting, storing, gradient steps (the actor's included) and
     target updates, on real Pendulum envs."""
     from rlstore.algos import ddpg, sac, td3
+    from rlstore.continuous_networks import DeterministicActorCritic, SquashedGaussianActorCritic
     from rlstore.envs import make_vec_env
-    from rlstore.networks import DeterministicActorCritic, SquashedGaussianActorCritic
 
     envs = make_vec_env("Pendulum-v1", N, seed=1)
     space = envs.single_action_space

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from rlstore.continuous_networks import DeterministicActorCritic, SquashedGaussianActorCritic
 from rlstore.encoders import (
     SMALL_CNN_CHANNELS,
     CombinedEncoder,
@@ -29,15 +30,9 @@ from rlstore.encoders import (
     stored_dtype,
     stored_shape,
 )
-from rlstore.networks import (
-    ActorCritic,
-    DeterministicActorCritic,
-    QNetwork,
-    RecurrentActorCritic,
-    SquashedGaussianActorCritic,
-    policy_spec,
-)
+from rlstore.networks import ActorCritic, QNetwork, policy_spec
 from rlstore.parts import as_tensors
+from rlstore.recurrent_networks import RecurrentActorCritic
 
 
 def naive_one_hots(obs: np.ndarray, nvec: list[int], start: list[int]) -> np.ndarray:

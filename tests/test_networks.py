@@ -73,7 +73,8 @@ def test_built_from_spaces():
 def test_deterministic_actor_critic_spec_keeps_its_critic_count():
     """TD3's two critics and DDPG's one survive the spec; a spec from before DDPG, without
     the count, held TD3's two."""
-    from rlstore.networks import DeterministicActorCritic, policy_spec
+    from rlstore.continuous_networks import DeterministicActorCritic
+    from rlstore.networks import policy_spec
 
     obs_space, action_space = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
     for critics in (1, 2):

@@ -71,8 +71,8 @@ def test_the_atari_lstm_replays_its_sequences_too(tmp_path, monkeypatch):
     """The Nature CNN + shared LSTM (configs/ppo_lstm/atari.toml, smaller) on Breakout with
     13-step episodes: the same oracle; model.pt rebuilds the CNN LSTM."""
     import rlstore
-    from rlstore.networks import CnnRecurrentActorCritic
     from rlstore.presets import resolve
+    from rlstore.recurrent_networks import CnnRecurrentActorCritic
 
     cfg, preset = resolve(
         "ppo_lstm",
@@ -103,7 +103,7 @@ def test_the_cnn_lstm_replays_a_sequence_as_it_was_stepped():
     """CnnRecurrentActorCritic: evaluate_sequences over frames with episode starts inside
     gives the log-probs and values of stepping one frame at a time, the state zeroed at
     each start (a naive loop)."""
-    from rlstore.networks import CnnRecurrentActorCritic
+    from rlstore.recurrent_networks import CnnRecurrentActorCritic
 
     torch.manual_seed(0)
     net = CnnRecurrentActorCritic((4, 84, 84), action_dim=4, lstm_hidden=16)

@@ -24,12 +24,12 @@ from rlstore.algos.ddpg import DDPGConfig
 from rlstore.algos.sac import EntropyCoefficient, SACConfig, alpha_loss
 from rlstore.algos.td3 import TD3Config
 from rlstore.cli import main
-from rlstore.files import safe_load
-from rlstore.networks import (
+from rlstore.continuous_networks import (
     DeterministicActorCritic,
     SquashedGaussianActorCritic,
     squashed_gaussian_log_prob,
 )
+from rlstore.files import safe_load
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 

@@ -19,7 +19,7 @@ from gymnasium import spaces
 from rlstore.algos import Algorithm, td3
 from rlstore.algos._off_policy import DeterministicOffPolicyConfig
 from rlstore.callbacks import Callback
-from rlstore.networks import DeterministicActorCritic
+from rlstore.continuous_networks import DeterministicActorCritic
 from rlstore.run import TrainResult
 
 

@@ -29,15 +29,15 @@ from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
 from rlstore.masks import masks_of
-from rlstore.networks import (
+from rlstore.networks import policy_spec
+from rlstore.normalize import RewardScaler
+from rlstore.parts import take
+from rlstore.recurrent_networks import (
     CnnRecurrentActorCritic,
     RecurrentActorCritic,
     RecurrentActorCriticBase,
-    policy_spec,
     recurrent_actor_critic_for,
 )
-from rlstore.normalize import RewardScaler
-from rlstore.parts import take
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
 

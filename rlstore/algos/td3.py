@@ -38,9 +38,10 @@ from rlstore.algos._off_policy import (
 from rlstore.algos._shared import update_target
 from rlstore.callbacks import Callback
 from rlstore.config import NonNegative
+from rlstore.continuous_networks import DeterministicActorCritic
 from rlstore.encoders import encoder_for
 from rlstore.envs import make_training_envs
-from rlstore.networks import DeterministicActorCritic, policy_spec
+from rlstore.networks import policy_spec
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
