@@ -43,7 +43,7 @@ _EXPORTS = {
     "compute_gae": "rlstore.storage.rollout",
     "ActorCritic": "rlstore.networks",
     "make_vec_env": "rlstore.envs",
-    "EpisodeStats": "rlstore.envs",
+    "EpisodeStats": "rlstore.episode_stats",
     "PPOConfig": "rlstore.algos.ppo",
     "A2CConfig": "rlstore.algos.a2c",
     "UsageError": "rlstore.errors",

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import pickle
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from rlstore.envs import WORKER_ACCESS, EpisodeRecorder, WorkerAccess
 from rlstore.files import array_to_saved, saved_to_array
 
 # Envs whose whole state is plain attributes (numbers, arrays, generators), Gymnasium's
 # MuJoCo envs (plain attributes and their MjData) and the envs whose episodes replay
-# (envs.REPLAYED_ENVS: LunarLander): these resume exactly, in sync or async vector envs
-# (the latter through envs.WorkerAccess). Others (BipedalWalker, Atari) resume with freshly
+# (REPLAYED_ENVS: LunarLander): these resume exactly, in sync or async vector envs
+# (the latter through WorkerAccess). Others (BipedalWalker, Atari) resume with freshly
 # reset envs.
 SAVEABLE_ENVS = (
     "CartPoleEnv",
@@ -271,3 +270,87 @@ def _unplain(value: Any, current: Any) -> Any:
         items = current if isinstance(current, (list, tuple)) else [None] * len(value)
         return type(value)(_unplain(v, c) for v, c in zip(value, items, strict=False))
     return value
+
+
+# Envs whose state cannot be copied (a Box2D world) but whose episode replays exactly: the
+# random generator as it began (or its reset seed) and its actions rebuild it in a fresh
+# env. LunarLander's do (175 resume points checked, each continued to its episode's end or
+# 300 steps); BipedalWalker's do not (its world carries state from episode to episode).
+REPLAYED_ENVS = ("LunarLander",)
+
+
+class EpisodeRecorder(gym.Wrapper):
+    """Keeps how the current episode began and its actions, for a checkpoint to rebuild
+    the env by `replay` (rlstore/env_snapshots.py). It cannot replay an episode begun with
+    reset options (`actions` is then None until the next reset)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.reset_seed, self.generator = None, None
+        self.actions: list[np.ndarray] | None = None  # (no episode yet)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self.reset_seed = seed
+        self.generator = (
+            None if seed is not None else self.env.unwrapped.np_random.bit_generator.state
+        )
+        self.actions = [] if not options else None
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        if self.actions is not None:
+            self.actions.append(np.array(action))
+        return self.env.step(action)
+
+    def replay(self, seed: int | None, generator: dict | None, actions: np.ndarray) -> Any:
+        """Rebuild the episode that began as `seed` or `generator` say and took `actions`;
+        its last observation."""
+        if seed is None:
+            self.env.unwrapped.np_random.bit_generator.state = generator
+        obs, _ = self.reset(seed=seed)
+        for action in actions:
+            obs = self.step(action)[0]
+        return obs
+
+
+# The metadata key that says an async vector env's envs are wrapped in WorkerAccess: asking
+# a worker for an attribute its env lacks would end the worker.
+WORKER_ACCESS = "rlstore_worker_access"
+
+
+class WorkerAccess(gym.Wrapper):
+    """The outermost wrapper of each env of an async vector env, in its worker process, where
+    a checkpoint cannot reach the env itself: `apply` runs a function on the env there (so
+    rlstore/checkpoint.py saves and restores it through `AsyncVectorEnv.call`). The worker
+    keeps its NEXT_STEP autoreset flag to itself; `reset_due` mirrors it, so that an env
+    restored at the end of an episode takes its reset at the next step, as the worker would
+    have, instead of stepping on (a fresh worker's flag is down)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.reset_due = False
+        self.restoring: Any = None  # what the next `apply` restores (set through set_attr)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self.reset_due = False
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, ...]:
+        if self.reset_due:  # only after a restore: otherwise the worker resets first
+            obs, info = self.reset()
+            return obs, 0.0, False, False, info
+        result = self.env.step(action)
+        self.reset_due = bool(result[2] or result[3])
+        return result
+
+    def apply(self, function: Callable[[WorkerAccess], Any]) -> Any:
+        return function(self)
+
+
+def replayed(spec: gym.envs.registration.EnvSpec) -> bool:
+    """Whether the env's episodes replay exactly (REPLAYED_ENVS)."""
+    return str(spec.entry_point).rpartition(":")[2] in REPLAYED_ENVS

@@ -17,12 +17,11 @@ import functools
 import importlib
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
@@ -37,6 +36,7 @@ from rlstore.custom_envs import (
     wrap,
 )
 from rlstore.encoders import UnsupportedSpace, describe_space, has_image
+from rlstore.env_snapshots import WORKER_ACCESS, EpisodeRecorder, WorkerAccess, replayed
 from rlstore.errors import UsageError
 from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.masks import ActionMasks, mask_source
@@ -279,90 +279,6 @@ def make_vec_env(
     return envs
 
 
-# Envs whose state cannot be copied (a Box2D world) but whose episode replays exactly: the
-# random generator as it began (or its reset seed) and its actions rebuild it in a fresh
-# env. LunarLander's do (175 resume points checked, each continued to its episode's end or
-# 300 steps); BipedalWalker's do not (its world carries state from episode to episode).
-REPLAYED_ENVS = ("LunarLander",)
-
-
-class EpisodeRecorder(gym.Wrapper):
-    """Keeps how the current episode began and its actions, for a checkpoint to rebuild
-    the env by `replay` (rlstore/env_snapshots.py). It cannot replay an episode begun with
-    reset options (`actions` is then None until the next reset)."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.reset_seed, self.generator = None, None
-        self.actions: list[np.ndarray] | None = None  # (no episode yet)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
-        self.reset_seed = seed
-        self.generator = (
-            None if seed is not None else self.env.unwrapped.np_random.bit_generator.state
-        )
-        self.actions = [] if not options else None
-        return self.env.reset(seed=seed, options=options)
-
-    def step(self, action: Any) -> tuple[Any, ...]:
-        if self.actions is not None:
-            self.actions.append(np.array(action))
-        return self.env.step(action)
-
-    def replay(self, seed: int | None, generator: dict | None, actions: np.ndarray) -> Any:
-        """Rebuild the episode that began as `seed` or `generator` say and took `actions`;
-        its last observation."""
-        if seed is None:
-            self.env.unwrapped.np_random.bit_generator.state = generator
-        obs, _ = self.reset(seed=seed)
-        for action in actions:
-            obs = self.step(action)[0]
-        return obs
-
-
-# The metadata key that says an async vector env's envs are wrapped in WorkerAccess: asking
-# a worker for an attribute its env lacks would end the worker.
-WORKER_ACCESS = "rlstore_worker_access"
-
-
-class WorkerAccess(gym.Wrapper):
-    """The outermost wrapper of each env of an async vector env, in its worker process, where
-    a checkpoint cannot reach the env itself: `apply` runs a function on the env there (so
-    rlstore/checkpoint.py saves and restores it through `AsyncVectorEnv.call`). The worker
-    keeps its NEXT_STEP autoreset flag to itself; `reset_due` mirrors it, so that an env
-    restored at the end of an episode takes its reset at the next step, as the worker would
-    have, instead of stepping on (a fresh worker's flag is down)."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.reset_due = False
-        self.restoring: Any = None  # what the next `apply` restores (set through set_attr)
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
-        self.reset_due = False
-        return self.env.reset(seed=seed, options=options)
-
-    def step(self, action: Any) -> tuple[Any, ...]:
-        if self.reset_due:  # only after a restore: otherwise the worker resets first
-            obs, info = self.reset()
-            return obs, 0.0, False, False, info
-        result = self.env.step(action)
-        self.reset_due = bool(result[2] or result[3])
-        return result
-
-    def apply(self, function: Callable[[WorkerAccess], Any]) -> Any:
-        return function(self)
-
-
-def replayed(spec: gym.envs.registration.EnvSpec) -> bool:
-    """Whether the env's episodes replay exactly (REPLAYED_ENVS)."""
-    return str(spec.entry_point).rpartition(":")[2] in REPLAYED_ENVS
-
-
 def time_limit(max_episode_steps: int | None) -> dict[str, Any]:
     """gym.make's keyword for a time limit of its own (none: the env's)."""
     return {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
@@ -482,65 +398,3 @@ class TruncationAsTermination(gym.vector.VectorWrapper):
     def step(self, actions: Any) -> tuple[Any, ...]:
         obs, reward, terminated, truncated, info = self.env.step(actions)
         return obs, reward, terminated | truncated, np.zeros_like(truncated), info
-
-
-class EpisodeStats:
-    """Returns and lengths of finished episodes, on the raw env rewards.
-
-    Call `update` after every vector step with that step's rewards and flags. Pseudo-steps
-    (the step after a done) add neither reward nor length.
-    """
-
-    def __init__(self, num_envs: int) -> None:
-        self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-        self.prev_done = np.zeros(num_envs, dtype=bool)
-
-    def update(
-        self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Record one step; return (returns, lengths) of the episodes that ended at it."""
-        live = ~self.prev_done
-        self.returns += np.where(live, rewards, 0.0)
-        self.lengths += live
-        done = terminated | truncated
-        self.prev_done = done
-        if not done.any():
-            return _EMPTY_F, _EMPTY_I
-        finished = self.returns[done].copy(), self.lengths[done].copy()
-        self.returns[done] = 0.0
-        self.lengths[done] = 0
-        return finished
-
-    def update_one(self, reward: float, done: bool) -> tuple[float, int] | None:
-        """update() for one env (num_envs = 1) with Python scalars: the same state, and the
-        (return, length) of the episode that ended at this step, if one did."""
-        if not self.prev_done[0]:
-            self.returns[0] += reward
-            self.lengths[0] += 1
-        self.prev_done[0] = done
-        if not done:
-            return None
-        finished = float(self.returns[0]), int(self.lengths[0])
-        self.returns[0], self.lengths[0] = 0.0, 0
-        return finished
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Copies, as tensors (a checkpoint holds no numpy arrays)."""
-        return {
-            "returns": torch.from_numpy(self.returns.copy()),
-            "lengths": torch.from_numpy(self.lengths.copy()),
-            "prev_done": torch.from_numpy(self.prev_done.copy()),
-        }
-
-    def load_state_dict(self, state: dict[str, torch.Tensor | np.ndarray]) -> None:
-        def array(x: torch.Tensor | np.ndarray, dtype: type) -> np.ndarray:
-            return (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)).astype(dtype)
-
-        self.returns = array(state["returns"], np.float64)
-        self.lengths = array(state["lengths"], np.int64)
-        self.prev_done = array(state["prev_done"], bool)
-
-
-_EMPTY_F = np.zeros(0, dtype=np.float64)
-_EMPTY_I = np.zeros(0, dtype=np.int64)

@@ -1,7 +1,7 @@
 """Networks: the actor-critic of PPO and A2C and the Q-network of DQN, and the policy spec
 that rebuilds a network from model.pt (ppo_lstm's networks are in recurrent_networks.py,
-SAC's, TD3's and DDPG's in continuous_networks.py). They know nothing about storage; of envs, only which
-network an observation space gets (frame stacks: the Nature CNN).
+SAC's, TD3's and DDPG's in continuous_networks.py). They know nothing about storage; of
+envs, only which network an observation space gets (frame stacks: the Nature CNN).
 
 Each network that model.pt may hold has a SPEC_NAME, `spec_args()` (what its constructor
 needs beyond the spaces) and `from_spec(spec)`; an algorithm lists its networks in its

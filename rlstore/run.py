@@ -49,7 +49,8 @@ from rlstore.checkpoint import (
 )
 from rlstore.config import CommonConfig, check_writable_dir, run_dir_prefix, validate
 from rlstore.env_snapshots import env_state, env_state_loads, load_env_state
-from rlstore.envs import EpisodeStats, check_env_id
+from rlstore.envs import check_env_id
+from rlstore.episode_stats import EpisodeStats
 from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, is_disk_full
 from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.goals import ended_successes

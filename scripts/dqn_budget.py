@@ -23,7 +23,7 @@ import torch
 
 from rlstore.algos import dqn
 from rlstore.cli import parse_train
-from rlstore.envs import EpisodeStats
+from rlstore.episode_stats import EpisodeStats
 from rlstore.host_networks import GreedyActor
 from rlstore.host_updates import HostDQNStep
 from rlstore.lean import LeanDQNStep

@@ -10,7 +10,8 @@ import torch
 from extras import needs
 from gymnasium.vector import AutoresetMode
 
-from rlstore.envs import EpisodeStats, make_vec_env
+from rlstore.envs import make_vec_env
+from rlstore.episode_stats import EpisodeStats
 from rlstore.storage import RolloutStorage
 
 LIMIT = 5
