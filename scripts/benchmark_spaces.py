@@ -16,6 +16,9 @@ minibatches, lr 2.5e-4, clip 0.2, 64-64 tanh actor and critic, Adam eps 1e-5):
   through its Nature CNN, which a 7x7 image is too small for; the image goes to SB3 as
   float32, which its extractor flattens (its way to run this env without writing a
   feature extractor): a smaller network than rlstore's CNN.
+- minigrid-flat: the same env with the same network on both sides: rlstore is given the
+  image as float32 too (`--wrapper benchmark_spaces:image_as_floats`), which it flattens
+  as SB3 does, beside the same SB3 run as the minigrid row.
 
 For each K of --parallel, K copies of each trainer's run go at once (seeds 1..K), and the
 aggregate env steps/s (the sum of the copies' own, from their launch to their end, imports
@@ -38,7 +41,25 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS = {
     "taxi": {"env": "Taxi-v4", "rlstore": []},
     "minigrid": {"env": "MiniGrid-DoorKey-5x5-v0", "rlstore": ["--drop-obs-keys", "mission"]},
+    "minigrid-flat": {
+        "env": "MiniGrid-DoorKey-5x5-v0",
+        "rlstore": ["--drop-obs-keys", "mission", "--wrapper", "benchmark_spaces:image_as_floats"],
+    },
 }
+
+
+def image_as_floats(env):
+    """MiniGrid's uint8 image part as float32 (a flat Box to either trainer), the other
+    parts as they are."""
+    import gymnasium as gym
+
+    image = env.observation_space["image"]
+    space = gym.spaces.Dict(
+        {**env.observation_space.spaces, "image": gym.spaces.Box(0, 255, image.shape, "float32")}
+    )
+    return gym.wrappers.TransformObservation(
+        env, lambda o: {**o, "image": o["image"].astype("float32")}, space
+    )
 
 
 def sb3_run(row: str, steps: int, seed: int) -> None:
@@ -81,15 +102,7 @@ def sb3_run(row: str, steps: int, seed: int) -> None:
     from stable_baselines3 import PPO
 
     def dict_without_mission(env: gym.Env) -> gym.Env:
-        env = gym.wrappers.FilterObservation(env, ["direction", "image"])
-        image = env.observation_space["image"]
-        floats = gym.spaces.Box(0, 255, image.shape, "float32")
-        space = gym.spaces.Dict({"direction": env.observation_space["direction"], "image": floats})
-        return gym.wrappers.TransformObservation(
-            env,
-            lambda o: {"direction": o["direction"], "image": o["image"].astype("float32")},
-            space,
-        )
+        return image_as_floats(gym.wrappers.FilterObservation(env, ["direction", "image"]))
 
     envs = make_vec_env(ROWS[row]["env"], n_envs=4, seed=seed, wrapper_class=dict_without_mission)
     PPO("MultiInputPolicy", envs, **kwargs).learn(steps)
@@ -117,7 +130,15 @@ def launch(trainer: str, row: str, steps: int, seed: int) -> subprocess.Popen:
         ]
     else:
         command = [sys.executable, __file__, "--sb3-child", row, str(steps), str(seed)]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(ROOT / "scripts"), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    return subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def side_by_side(trainer: str, row: str, steps: int, k: int) -> dict:
