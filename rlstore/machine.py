@@ -170,6 +170,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_name() -> str:
+    """The architecture and CPU model, as results pages name the machine they ran on
+    ("x86_64 (Intel(R) Xeon(R) Processor)")."""
+    return f"{platform.machine()} ({cpu_model()})"
+
+
 def package_versions() -> dict[str, str]:
     """Python's and each installed RECORDED_PACKAGES's version, for config.json."""
     import torch

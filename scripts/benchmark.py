@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -74,6 +73,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from rlstore.machine import machine_name
 
 WINDOW, THRESHOLD = 20, 475.0
 
@@ -651,7 +652,7 @@ def parallel_main(args: argparse.Namespace) -> None:
     lines = [
         f"# Runs sharing the machine: {args.parallel_algo} on {args.parallel_env}",
         "",
-        f"`{command}` on {platform.machine()} ({os.cpu_count()} cores), "
+        f"`{command}` on {machine_name()} ({os.cpu_count()} cores), "
         f"{time.strftime('%Y-%m-%d')}: K copies of `rlstore train {args.parallel_algo} --env "
         f"{args.parallel_env} --total-timesteps {args.parallel_steps}` at once, default threads "
         f"unless --extra sets them; OMP_WAIT_POLICY "
@@ -837,7 +838,7 @@ def main() -> None:
         + (f" --ppo-envs {asked_envs}" if asked_envs else "")
         + (f" --env {args.env}" if args.env not in ("CartPole-v1", "CartPoleNoVel-v1") else "")
         + (" --default-threads" if args.default_threads else "")
-        + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a "
+        + f"` on {machine_name()}, {time.strftime('%Y-%m-%d')}; each run a "
         + (
             "process at its trainer's default threads (rlstore: 1; SB3: torch's, one per core)"
             if args.default_threads
@@ -920,7 +921,7 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
         f"--seeds {' '.join(map(str, args.seeds))} --offpolicy-steps {args.offpolicy_steps} "
         f"--offpolicy-starts {args.offpolicy_starts}"
         + (" --default-threads" if args.default_threads else "")
-        + f"` on {platform.machine()}, {time.strftime('%Y-%m-%d')}; each run a process "
+        + f"` on {machine_name()}, {time.strftime('%Y-%m-%d')}; each run a process "
         + (
             f"at its trainer's default threads (rlstore's --torch-threads auto: 1 for these "
             f"MLPs; SB3: torch's, {threads} here; the floor at {threads})"

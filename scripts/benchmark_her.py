@@ -29,7 +29,6 @@ import argparse
 import cProfile
 import json
 import os
-import platform
 import pstats
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+
+from rlstore.machine import machine_name
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "benchmark-her"
@@ -353,7 +354,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    results["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    results["machine"] = f"{machine_name()}, {os.cpu_count()} cores"
     results["commit"] = commit
     OUT.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     OUT.with_suffix(".md").write_text(markdown(results))

@@ -31,11 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rlstore.machine import machine_name
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = {
@@ -182,7 +183,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    machine = f"{os.cpu_count()}-core {platform.machine()}, {time.strftime('%Y-%m-%d')}"
+    machine = f"{os.cpu_count()}-core {machine_name()}, {time.strftime('%Y-%m-%d')}"
     lines = [
         "# Spaces benchmark: rlstore vs SB3 (scripts/benchmark_spaces.py)",
         "",

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from rlstore.machine import machine_name
 
 # (algo, env, training steps, eval every) -- quick: a tenth of the budget
 CASES = [
@@ -102,7 +103,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    made = f"at commit {commit} on {platform.machine()}, {time.strftime('%Y-%m-%d')}"
+    made = f"at commit {commit} on {machine_name()}, {time.strftime('%Y-%m-%d')}"
     seeds = " ".join(map(str, args.seeds))
     command = f"python scripts/eval_cost.py --seeds {seeds}" + (" --quick" if args.quick else "")
     lines = [

@@ -13,7 +13,6 @@ before. Not part of CI: it needs about 8 GB of memory and as much disk.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from rlstore import ReplayBuffer
+from rlstore.machine import machine_name
 
 FRAME = (84, 84)
 K = 4
@@ -98,7 +98,7 @@ def main() -> None:
     lines = [
         f"# Replay memory: a {args.capacity:,}-transition Atari buffer",
         "",
-        f"`python scripts/replay_memory.py --capacity {args.capacity}` on {platform.machine()}, "
+        f"`python scripts/replay_memory.py --capacity {args.capacity}` on {machine_name()}, "
         f"{time.strftime('%Y-%m-%d')}. ReplayBuffer(frame_stack=4) with 84x84 uint8 frames, "
         "filled by a synthetic DQN stream (games of 1,000 steps, a life lost every 200).",
         "",
