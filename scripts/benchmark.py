@@ -74,8 +74,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlstore.machine import machine_name
-
 WINDOW, THRESHOLD = 20, 475.0
 
 # The environment this script started with, for its children: importing rlstore here sets
@@ -652,7 +650,7 @@ def parallel_main(args: argparse.Namespace) -> None:
     lines = [
         f"# Runs sharing the machine: {args.parallel_algo} on {args.parallel_env}",
         "",
-        f"`{command}` on {machine_name()} ({os.cpu_count()} cores), "
+        f"`{command}` on {_machine_name()} ({os.cpu_count()} cores), "
         f"{time.strftime('%Y-%m-%d')}: K copies of `rlstore train {args.parallel_algo} --env "
         f"{args.parallel_env} --total-timesteps {args.parallel_steps}` at once, default threads "
         f"unless --extra sets them; OMP_WAIT_POLICY "
@@ -838,7 +836,7 @@ def main() -> None:
         + (f" --ppo-envs {asked_envs}" if asked_envs else "")
         + (f" --env {args.env}" if args.env not in ("CartPole-v1", "CartPoleNoVel-v1") else "")
         + (" --default-threads" if args.default_threads else "")
-        + f"` on {machine_name()}, {time.strftime('%Y-%m-%d')}; each run a "
+        + f"` on {_machine_name()}, {time.strftime('%Y-%m-%d')}; each run a "
         + (
             "process at its trainer's default threads (rlstore: 1; SB3: torch's, one per core)"
             if args.default_threads
@@ -921,7 +919,7 @@ def offpolicy_main(args: argparse.Namespace, runs: list[dict], trainers: tuple) 
         f"--seeds {' '.join(map(str, args.seeds))} --offpolicy-steps {args.offpolicy_steps} "
         f"--offpolicy-starts {args.offpolicy_starts}"
         + (" --default-threads" if args.default_threads else "")
-        + f"` on {machine_name()}, {time.strftime('%Y-%m-%d')}; each run a process "
+        + f"` on {_machine_name()}, {time.strftime('%Y-%m-%d')}; each run a process "
         + (
             f"at its trainer's default threads (rlstore's --torch-threads auto: 1 for these "
             f"MLPs; SB3: torch's, {threads} here; the floor at {threads})"
@@ -979,6 +977,14 @@ def available_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def _machine_name() -> str:
+    """The machine, as results pages name it (rlstore imported only here: importing it sets
+    OMP_WAIT_POLICY in this process, which the comparator's children must not inherit)."""
+    from rlstore.machine import machine_name
+
+    return machine_name()
 
 
 if __name__ == "__main__":

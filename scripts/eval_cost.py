@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlstore.machine import machine_name
-
 # (algo, env, training steps, eval every) -- quick: a tenth of the budget
 CASES = [
     ("ppo", "CartPole-v1", 100_000, 10_000),
@@ -103,7 +101,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    made = f"at commit {commit} on {machine_name()}, {time.strftime('%Y-%m-%d')}"
+    made = f"at commit {commit} on {_machine_name()}, {time.strftime('%Y-%m-%d')}"
     seeds = " ".join(map(str, args.seeds))
     command = f"python scripts/eval_cost.py --seeds {seeds}" + (" --quick" if args.quick else "")
     lines = [
@@ -129,6 +127,14 @@ def main() -> None:
         json.dumps({"command": command, "made": made, "rows": rows}, indent=1)
     )
     print(f"written {args.out}.md and .json")
+
+
+def _machine_name() -> str:
+    """The machine, as results pages name it (rlstore imported only here: importing it sets
+    OMP_WAIT_POLICY in this process, which the comparator's children must not inherit)."""
+    from rlstore.machine import machine_name
+
+    return machine_name()
 
 
 if __name__ == "__main__":

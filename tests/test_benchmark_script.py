@@ -153,3 +153,22 @@ def test_env_dynamics_finds_the_step_where_two_installs_part(tmp_path):
         "episode 1: differs from step 3: 0e+00 the step before, "
         "5.0e-02 there, 0.05 at most (10 vs 10 steps, return "
     )
+
+
+def test_the_comparison_scripts_leave_openmp_alone_until_their_comparators_ran():
+    """Loading a script that launches SB3's runs imports no rlstore (importing rlstore sets
+    OMP_WAIT_POLICY=PASSIVE in the process, which the SB3 children would inherit: run that
+    way, SB3's runs sharing the machine looked four times faster than SB3's users see)."""
+    scripts = SCRIPT.parent
+    for name in ("benchmark.py", "benchmark_spaces.py", "benchmark_her.py", "eval_cost.py"):
+        probe = (
+            "import importlib.util, os, sys\n"
+            f"spec = importlib.util.spec_from_file_location('s', {str(scripts / name)!r})\n"
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "print('rlstore' in sys.modules, os.environ.get('OMP_WAIT_POLICY'))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        said = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env
+        )
+        assert said.stdout.split() == ["False", "None"], (name, said.stdout, said.stderr[-500:])
