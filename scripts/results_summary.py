@@ -20,7 +20,7 @@ RESULTS = ROOT / "results"
 PAGE = ROOT / "docs" / "results.md"
 # Records kept as prose, not yet as data a page is written from (results/README.md).
 PROSE_ONLY = {
-    "classic.md": "PPO, A2C and DQN on CartPole-v1 and Acrobot-v1 (`rlstore benchmark classic`)",
+    "classic.md": "the classic suite with one worker against two, and the Atari suite on a cluster",
     "learning-offpolicy.md": "SAC, TD3 and DDPG on Pendulum, LunarLanderContinuous and "
     "MuJoCo (`rlstore benchmark offpolicy`, `rlstore benchmark mujoco-offpolicy`)",
 }
@@ -66,7 +66,12 @@ def summary() -> str:
         "(sampled: its actions sampled, not its mode), or (success) its success rate; per",
         "row the mean +- std over seeds.",
     ]
-    for path in sorted(RESULTS.glob("learning-*.json")):
+    order = ["classic", "box2d", "mujoco", "atari", "recurrent", "spaces", "her"]
+    paths = sorted(
+        RESULTS.glob("learning-*.json"),
+        key=lambda p: (order.index(p.stem[9:]) if p.stem[9:] in order else len(order), p.stem),
+    )
+    for path in paths:
         data = json.loads(path.read_text())
         if "suite" in data and "rows" in data:
             parts += ["", table(data, path.with_suffix(".md").name)]

@@ -340,7 +340,6 @@ class ReplayBuffer:
         next_obs and the transition goes into the row after it.
         """
         N = self.num_envs
-        no_reset = np.zeros(N, dtype=bool)
         if (action_mask is None or next_action_mask is None) != (self.action_mask_shape is None):
             raise ValueError(
                 "action_mask and next_action_mask must be given exactly when the buffer was "
@@ -365,7 +364,10 @@ class ReplayBuffer:
         terminated = host_array(terminated, "terminated", (N,), torch.bool)
         truncated = host_array(truncated, "truncated", (N,), torch.bool)
         # the next step is a pseudo-step (NEXT_STEP autoreset only)
-        env_reset = (terminated | truncated) if self.autoreset_mode == "next_step" else no_reset
+        if self.autoreset_mode == "next_step":
+            env_reset = terminated | truncated
+        else:
+            env_reset = np.zeros(N, dtype=bool)
         if life_lost is not None:
             terminated = terminated | host_array(life_lost, "life_lost", (N,), torch.bool)
         continues = self._continues(obs)
