@@ -18,8 +18,10 @@ from rlstore.suite_results import score_text
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 PAGE = ROOT / "docs" / "results.md"
-# Records kept as prose, not yet as data a page is written from (results/README.md).
-PROSE_ONLY = {
+# Records whose figures are not in a suite's results table (results/README.md).
+OTHER_RECORDS = {
+    "learning-atari.md": "PPO on Breakout for 1M steps and a 200k-step DQN run, on a CPU "
+    "(its own data format)",
     "classic.md": "the classic suite with one worker against two, and the Atari suite on a cluster",
     "learning-offpolicy.md": "SAC, TD3 and DDPG on Pendulum, LunarLanderContinuous and "
     "MuJoCo (`rlstore benchmark offpolicy`, `rlstore benchmark mujoco-offpolicy`)",
@@ -75,8 +77,10 @@ def summary() -> str:
         data = json.loads(path.read_text())
         if "suite" in data and "rows" in data:
             parts += ["", table(data, path.with_suffix(".md").name)]
-    parts += ["", "## Kept as prose", ""]
-    parts += [f"- [results/{page}](../results/{page}): {what}" for page, what in PROSE_ONLY.items()]
+    parts += ["", "## Other records", ""]
+    parts += [
+        f"- [results/{page}](../results/{page}): {what}" for page, what in OTHER_RECORDS.items()
+    ]
     return "\n".join(parts) + "\n"
 
 
