@@ -103,6 +103,15 @@ def wrap(env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = ()) -
     )
 
 
+class FlatBox(gym.spaces.Box):
+    """The flat Box FlatBoxActions gives the algorithms, which keeps the env's own shape
+    (`env_shape`): saved policies give their actions in it (rlstore/policy.py)."""
+
+    def __init__(self, space: gym.spaces.Box) -> None:
+        super().__init__(space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype)
+        self.env_shape = tuple(space.shape)
+
+
 class FlatBoxActions(gym.ActionWrapper):
     """A Box action space of any shape as a flat one: the algorithms act in a vector of
     prod(shape) entries, which this reshapes for the env (an action in the env's own shape
@@ -110,11 +119,8 @@ class FlatBoxActions(gym.ActionWrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        space = env.action_space
-        self.env_shape = space.shape
-        self.action_space = gym.spaces.Box(
-            space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype
-        )
+        self.env_shape = env.action_space.shape
+        self.action_space = FlatBox(env.action_space)
 
     def action(self, action: Any) -> np.ndarray:
         return np.asarray(action).reshape(self.env_shape)

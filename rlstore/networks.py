@@ -440,5 +440,7 @@ def policy_spec(
             "action_low": action_space.low.tolist(),
             "action_high": action_space.high.tolist(),
             "action_dtype": str(action_space.dtype),
+            # a Box of more dimensions, which the algorithms act in flat (custom_envs.FlatBox)
+            "env_action_shape": list(getattr(action_space, "env_shape", action_space.shape)),
         }
     return spec

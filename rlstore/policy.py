@@ -29,6 +29,9 @@ class Policy:
     Observations are given as the env returns them: a policy trained with normalized
     observations normalizes them with its saved statistics, which stay frozen here.
 
+    Box actions come in the env's own shape (a Box of two or more dimensions, which the
+    networks act in flat), in its dtype, clipped to its bounds.
+
     A policy trained under action masks (rlstore/masks.py) takes the env's mask of each
     observation as `action_mask` (one row per observation; `mask_source` says where the env
     gives it) and acts among the allowed actions only.
@@ -146,6 +149,8 @@ class Policy:
             dtype = np.dtype(self.info.get("action_dtype", "float32"))
             low, high = (np.asarray(self.info[k], dtype) for k in ("action_low", "action_high"))
             action = np.clip(action.astype(dtype, copy=False), low, high)
+            shape = tuple(self.info.get("env_action_shape", action.shape[1:]))
+            action = action.reshape(len(action), *shape)  # the env's own shape
         return action[0] if single else action
 
     def _mask(self, action_mask: np.ndarray, single: bool) -> torch.Tensor:

@@ -3,6 +3,7 @@ MultiBinary, small uint8 images and Discrete states with continuous actions, for
 algorithm that takes them: the storage keeps the env's dtype, a run resumes bitwise, and
 load_policy and `rlstore eval` play the saved policy."""
 
+import gymnasium
 import numpy as np
 import pytest
 import space_envs  # noqa: F401 (registers the test envs)
@@ -168,7 +169,8 @@ def test_a_dict_part_left_out_with_drop_obs_keys(tmp_path):
 
 def test_box_actions_of_two_dimensions_are_learnt_flat_and_reshaped_for_the_env(tmp_path):
     """BoxGrid raises on an action that is not 2x2: SAC acts in the flat (4,) box, the env
-    gets (2, 2); its target is reached (a zero action scores -1.25 an episode)."""
+    gets (2, 2); its target is reached (a zero action scores -1.25 an episode); load_policy
+    gives actions in the env's shape."""
     result = rlstore.train(
         "sac",
         env="space_envs:BoxGrid-v0",
@@ -178,7 +180,13 @@ def test_box_actions_of_two_dimensions_are_learnt_flat_and_reshaped_for_the_env(
         progress=False,
     )
     assert min(evaluate(result.run_dir, episodes=4)["returns"]) > -0.05
-    assert rlstore.load_policy(result.run_dir)(np.ones(2, np.float32)).shape == (4,)
+    policy = rlstore.load_policy(result.run_dir)  # actions in the env's own shape
+    env = gymnasium.make("BoxGrid-v0")  # the env itself, without rlstore's wrappers
+    obs, _ = env.reset(seed=0)
+    env.step(policy(obs))  # (it raises on an action that is not 2x2)
+    assert policy(np.ones(2, np.float32)).shape == (2, 2)
+    assert policy(np.ones((3, 2), np.float32)).shape == (3, 2, 2)
+    assert policy.q_values(np.ones(2, np.float32)).shape == (2,)
 
 
 def test_cnn_channels_and_the_dqn_hidden_alias_shape_the_saved_policy(tmp_path):
