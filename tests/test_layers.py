@@ -57,14 +57,21 @@ def graph() -> dict[str, set[str]]:
     return {m: imported(p.read_text(), modules) - {m, ""} for m, p in MODULES.items()}
 
 
+ALGORITHMS_LAYER = 7  # every algos.NAME (NAME without "_"), listed or not
+
+
 def layers() -> dict[str, int]:
-    """Module -> layer number, as docs/maintainers/layout.md's "Layers" section lists them."""
+    """Module -> layer number, as docs/maintainers/layout.md's "Layers" section lists them;
+    the algorithms (algos.NAME) are in ALGORITHMS_LAYER without being listed."""
     text = LAYOUT.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
     placed: dict[str, int] = {}
     for number, body in re.findall(r"^### (\d+)\..*?\n(.*?)(?=^### |\Z)", text, re.M | re.S):
         for name in re.findall(r"`([\w.]+)`", body):
             assert name not in placed, f"{name} is listed in two layers"
             placed[name] = int(number)
+    for module in MODULES:
+        if module.startswith("algos.") and not module.split(".")[1].startswith("_"):
+            placed.setdefault(module, ALGORITHMS_LAYER)
     return placed
 
 
