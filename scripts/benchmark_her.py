@@ -352,18 +352,12 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    results["machine"] = f"{_machine_name()}, {os.cpu_count()} cores"
+    from rlstore.machine import machine_name  # (here: importing rlstore sets OMP_WAIT_POLICY)
+
+    results["machine"] = f"{machine_name()}, {os.cpu_count()} cores"
     results["commit"] = commit
     OUT.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     OUT.with_suffix(".md").write_text(markdown(results))
-
-
-def _machine_name() -> str:
-    """The machine, as results pages name it (rlstore imported only here: importing it sets
-    OMP_WAIT_POLICY in this process, which the comparator's children must not inherit)."""
-    from rlstore.machine import machine_name
-
-    return machine_name()
 
 
 if __name__ == "__main__":

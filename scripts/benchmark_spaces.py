@@ -181,7 +181,9 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    machine = f"{os.cpu_count()}-core {_machine_name()}, {time.strftime('%Y-%m-%d')}"
+    from rlstore.machine import machine_name  # (here: importing rlstore sets OMP_WAIT_POLICY)
+
+    machine = f"{os.cpu_count()}-core {machine_name()}, {time.strftime('%Y-%m-%d')}"
     lines = [
         "# Spaces benchmark: rlstore vs SB3 (scripts/benchmark_spaces.py)",
         "",
@@ -208,14 +210,6 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _machine_name() -> str:
-    """The machine, as results pages name it (rlstore imported only here: importing it sets
-    OMP_WAIT_POLICY in this process, which the comparator's children must not inherit)."""
-    from rlstore.machine import machine_name
-
-    return machine_name()
 
 
 if __name__ == "__main__":

@@ -101,7 +101,9 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    made = f"at commit {commit} on {_machine_name()}, {time.strftime('%Y-%m-%d')}"
+    from rlstore.machine import machine_name  # (here: importing rlstore sets OMP_WAIT_POLICY)
+
+    made = f"at commit {commit} on {machine_name()}, {time.strftime('%Y-%m-%d')}"
     seeds = " ".join(map(str, args.seeds))
     command = f"python scripts/eval_cost.py --seeds {seeds}" + (" --quick" if args.quick else "")
     lines = [
@@ -127,14 +129,6 @@ def main() -> None:
         json.dumps({"command": command, "made": made, "rows": rows}, indent=1)
     )
     print(f"written {args.out}.md and .json")
-
-
-def _machine_name() -> str:
-    """The machine, as results pages name it (rlstore imported only here: importing it sets
-    OMP_WAIT_POLICY in this process, which the comparator's children must not inherit)."""
-    from rlstore.machine import machine_name
-
-    return machine_name()
 
 
 if __name__ == "__main__":

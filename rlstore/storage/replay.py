@@ -230,6 +230,7 @@ class ReplayBuffer:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
         self.autoreset_mode = autoreset_mode_name(autoreset_mode)
+        self._pseudo_steps = self.autoreset_mode == "next_step"  # after each done
         # Whole rows of num_envs transitions: a capacity that is not a multiple of num_envs
         # is rounded up, never down.
         self.rows = -(-capacity // num_envs) + 1  # + the cursor row (newest next_obs only)
@@ -364,10 +365,7 @@ class ReplayBuffer:
         terminated = host_array(terminated, "terminated", (N,), torch.bool)
         truncated = host_array(truncated, "truncated", (N,), torch.bool)
         # the next step is a pseudo-step (NEXT_STEP autoreset only)
-        if self.autoreset_mode == "next_step":
-            env_reset = terminated | truncated
-        else:
-            env_reset = np.zeros(N, dtype=bool)
+        env_reset = (terminated | truncated) if self._pseudo_steps else np.zeros(N, dtype=bool)
         if life_lost is not None:
             terminated = terminated | host_array(life_lost, "life_lost", (N,), torch.bool)
         continues = self._continues(obs)
@@ -413,7 +411,7 @@ class ReplayBuffer:
         host["valid"][following, 0] = False
         self.cursor, self.added = following, self.added + 1
         self._last_next_obs = None  # (the next add() compares with the stored row)
-        self._last_done[0] = (terminated or truncated) and self.autoreset_mode == "next_step"
+        self._last_done[0] = (terminated or truncated) and self._pseudo_steps
 
     @property
     def last_done(self) -> np.ndarray:
