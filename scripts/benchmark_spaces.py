@@ -107,6 +107,35 @@ def sb3_run(row: str, steps: int, seed: int) -> None:
     PPO("MultiInputPolicy", envs, **kwargs).learn(steps)
 
 
+def env_ceiling(env_id: str = "MiniGrid-DoorKey-5x5-v0", steps: int = 20_000) -> dict:
+    """What the env alone steps per second under random actions, with no trainer: one bare
+    env (unwrapped), and 4 of them (the rows' count) in Gymnasium's SyncVectorEnv without
+    the mission: the most any trainer's run on it can make."""
+    import gymnasium as gym
+    import minigrid  # noqa: F401 (registers its ids)
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    env = gym.make(env_id).unwrapped
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for action in rng.integers(0, 7, steps):
+        if any(env.step(action)[2:4]):
+            env.reset()
+    bare = steps / (time.perf_counter() - start)
+
+    def make() -> gym.Env:
+        return gym.wrappers.FilterObservation(gym.make(env_id), ["direction", "image"])
+
+    envs = gym.vector.SyncVectorEnv([make] * 4)
+    envs.reset(seed=0)
+    start = time.perf_counter()
+    for _ in range(steps // 4):
+        envs.step(rng.integers(0, 7, 4))
+    vector = steps / (time.perf_counter() - start)
+    return {"env": env_id, "bare_env_sps": bare, "sync_vector_4_sps": vector}
+
+
 def launch(trainer: str, row: str, steps: int, seed: int) -> subprocess.Popen:
     if trainer == "rlstore":
         logdir = str(ROOT / "runs" / "bench-spaces")
@@ -167,7 +196,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", default=str(ROOT / "results" / "benchmark-spaces"))
     parser.add_argument("--sb3-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--env-ceiling", action="store_true", help="only time MiniGrid's env alone, no trainer"
+    )
     args = parser.parse_args()
+    if args.env_ceiling:
+        print(json.dumps(env_ceiling()))
+        return
     if args.sb3_child:
         row, steps, seed = args.sb3_child
         sb3_run(row, int(steps), int(seed))
