@@ -247,3 +247,17 @@ def test_mujoco_warnings_become_python_warnings_and_no_log_file(tmp_path, monkey
         assert mujoco.get_mju_user_warning() == caught.append
     finally:
         mujoco.set_mju_user_warning(users_handler)
+
+
+def test_the_lean_vector_env_reads_its_format_1_checkpoint_names():
+    """Format-1 checkpoints saved LeanSyncVectorEnv's attributes under a SyncVectorEnv's
+    names; env_snapshots.load_env_state renames them through upgrade_saved_state."""
+    from rlstore.lean_envs import LeanSyncVectorEnv
+
+    saved = {"_observations": 1, "_rewards": 2, "_autoreset_envs": 3, "_env_obs": 4, "seed": 5}
+    assert LeanSyncVectorEnv.upgrade_saved_state(saved) == {
+        "observations": 1,
+        "rewards": 2,
+        "autoreset": 3,
+        "seed": 5,
+    }

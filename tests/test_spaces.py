@@ -189,20 +189,23 @@ def test_box_actions_of_two_dimensions_are_learnt_flat_and_reshaped_for_the_env(
     assert policy.q_values(np.ones(2, np.float32)).shape == (2,)
 
 
-def test_cnn_channels_and_the_dqn_hidden_alias_shape_the_saved_policy(tmp_path):
+def test_cnn_channels_image_scale_and_the_dqn_hidden_alias_shape_the_saved_policy(tmp_path):
     for algo, flags in (("ppo", {}), ("dqn", {"learning_starts": 100})):
         result = rlstore.train(
             algo,
             env="space_envs:ColorImage-v0",
             cnn_channels=(4, 8),
+            image_scale=4.0,
             total_timesteps=600,
             logdir=str(tmp_path),
             progress=False,
             **flags,
         )
-        encoder = rlstore.load_policy(result.run_dir).network.encoder
+        policy = rlstore.load_policy(result.run_dir)
+        encoder = policy.network.encoder
         convs = [m for m in encoder.cnn if isinstance(m, torch.nn.Conv2d)]
         assert [c.out_channels for c in convs] == [4, 8]
+        assert encoder.scale == 4.0 and policy.info["observation"]["scale"] == 4.0
     from rlstore.cli import main
 
     args = ["--total-timesteps", "600", "--learning-starts", "100", "--no-progress"]
