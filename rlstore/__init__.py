@@ -40,7 +40,7 @@ _EXPORTS = {
     "load_policy": "rlstore.policy",
     "Policy": "rlstore.policy",
     "evaluate": "rlstore.evaluate",
-    "compute_gae": "rlstore.storage.rollout",
+    "compute_gae": "rlstore.storage.returns",
     "ActorCritic": "rlstore.networks",
     "make_vec_env": "rlstore.envs",
     "EpisodeStats": "rlstore.episode_stats",

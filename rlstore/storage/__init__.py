@@ -3,7 +3,8 @@
 from rlstore.storage.hindsight import Hindsight
 from rlstore.storage.priorities import SumTree
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
-from rlstore.storage.rollout import RolloutBatch, RolloutStorage, compute_gae
+from rlstore.storage.returns import compute_gae
+from rlstore.storage.rollout import RolloutBatch, RolloutStorage
 
 __all__ = [
     "Hindsight",
