@@ -23,14 +23,19 @@ OTHER_RECORDS = {
     "learning-atari.md": "PPO on Breakout for 1M steps and a 200k-step DQN run, on a CPU "
     "(its own data format)",
     "classic.md": "the classic suite with one worker against two, and the Atari suite on a cluster",
-    "learning-offpolicy.md": "SAC, TD3 and DDPG on Pendulum, LunarLanderContinuous and "
-    "MuJoCo (`rlstore benchmark offpolicy`, `rlstore benchmark mujoco-offpolicy`)",
+    "learning-offpolicy.md": "beside the tables above, SAC on LunarLanderContinuous (its "
+    "runs predate the archive) and the TD3 rows' extra seeds and physics",
 }
+# Data whose page is another suite's (one page for both off-policy suites).
+PAGE_OF = {"learning-mujoco-offpolicy.json": "learning-offpolicy.md"}
 
 
 def verdict(row: dict) -> str:
-    if row.get("band") is None:
-        return "-"
+    if row.get("band") is None:  # a row checked by reaching a threshold, or by nothing
+        if row.get("threshold") is None:
+            return "-"
+        reached = f"{row['reached']}/{len(row['seeds'])} reached {row['threshold']:g}"
+        return reached + (" (too few)" if row.get("too_few_reached") else "")
     return "below" if row.get("below_band") else "above" if row.get("above_band") else "in band"
 
 
@@ -68,7 +73,8 @@ def summary() -> str:
         "(sampled: its actions sampled, not its mode), or (success) its success rate; per",
         "row the mean +- std over seeds.",
     ]
-    order = ["classic", "box2d", "mujoco", "atari", "recurrent", "spaces", "her"]
+    order = ["classic", "box2d", "mujoco", "offpolicy", "mujoco-offpolicy", "atari"]
+    order += ["recurrent", "spaces", "her"]
     paths = sorted(
         RESULTS.glob("learning-*.json"),
         key=lambda p: (order.index(p.stem[9:]) if p.stem[9:] in order else len(order), p.stem),
@@ -76,7 +82,8 @@ def summary() -> str:
     for path in paths:
         data = json.loads(path.read_text())
         if "suite" in data and "rows" in data:
-            parts += ["", table(data, path.with_suffix(".md").name)]
+            page = PAGE_OF.get(path.name, path.with_suffix(".md").name)
+            parts += ["", table(data, page)]
     parts += ["", "## Other records", ""]
     parts += [
         f"- [results/{page}](../results/{page}): {what}" for page, what in OTHER_RECORDS.items()
