@@ -5,6 +5,9 @@ Reads top to bottom: the config, the TD loss as a pure function, then train(): b
 the loop of act (epsilon-greedy) -> store -> every train_frequency steps a gradient step on
 a replay batch -> every target_network_frequency steps a target update -> log; last, its
 registry entry (ALGORITHM).
+
+Its variants (c51.py, qrdqn.py, rainbow.py) run this loop with their own network and loss
+(a QVariant), as ddpg.py runs td3.py's.
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ from rlstore.storage.replay import ReplayBatch, ReplayBuffer
 
 
 @dataclass
-class DQNConfig(ReplayConfig):
-    """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
+class QLearningConfig(ReplayConfig):
+    """What DQN and its variants share: DQN's options less its choice of TD loss."""
 
     num_envs: Count = 1
     """Number of parallel environments (step counters count env steps, summed over envs)."""
@@ -82,8 +85,6 @@ class DQNConfig(ReplayConfig):
     """Env steps between training phases."""
     gradient_steps: Count = 1
     """Gradient steps per training phase."""
-    loss: Literal["mse", "huber"] = "mse"
-    """TD loss: mean squared error or Huber (smooth L1)."""
     max_grad_norm: Positive | None = None
     """Clip the gradient norm to this value (no clipping when unset)."""
     double_dqn: bool = False
@@ -126,6 +127,33 @@ class DQNConfig(ReplayConfig):
                 f"--learning-starts {self.learning_starts} is larger than --total-timesteps "
                 f"{self.total_timesteps}: training would never start; lower it"
             )
+
+    def optimizer_eps(self) -> float:
+        """Adam's epsilon (torch's default for DQN, as CleanRL's dqn.py)."""
+        return 1e-8
+
+
+@dataclass
+class DQNConfig(QLearningConfig):
+    """Deep Q-Network (Mnih et al. 2015) with optional Double, dueling, n-step and PER."""
+
+    loss: Literal["mse", "huber"] = "mse"
+    """TD loss: mean squared error or Huber (smooth L1)."""
+
+
+Loss = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class QVariant:
+    """What a variant of DQN changes in its loop: the Q-network it builds,
+    `network(cfg, obs_space, num_actions)`, and the loss of a replay batch,
+    `loss(q_network, target_network, batch, cfg) -> (weighted loss, per-sample priority
+    error, Q(s, a))`. A network with `reset_noise` (noisy layers) draws new noise in both
+    networks before each gradient step."""
+
+    network: Callable[[QLearningConfig, gym.Space, int], nn.Module]
+    loss: Loss
 
 
 def td_loss(
@@ -199,18 +227,22 @@ def gradient_step(
     optimizer: torch.optim.Optimizer,
     buffer: ReplayBuffer,
     beta: float,
-    cfg: DQNConfig,
+    cfg: QLearningConfig,
     fast_step: HostDQNStep | None = None,
+    loss_of: Loss = td_loss,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One gradient step on a replay batch (priorities updated with PER); (loss, Q(s, a)).
     `fast_step`, if given, takes the same step in numpy (rlstore/host_updates.py) on the same
-    batch as numpy arrays."""
+    batch as numpy arrays; `loss_of` is a variant's loss (DQN's td_loss by default)."""
     if fast_step is not None:
         batch = buffer.sample_host(cfg.batch_size, beta=beta)
         loss, td_error, q_value = fast_step(batch, cfg)
     else:
+        if hasattr(q_network, "reset_noise"):  # noisy layers: fresh noise for each step
+            q_network.reset_noise()
+            target_network.reset_noise()
         batch = buffer.sample(cfg.batch_size, beta=beta)
-        loss, td_error, q_value = td_loss(q_network, target_network, batch, cfg)
+        loss, td_error, q_value = loss_of(q_network, target_network, batch, cfg)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm is not None:
@@ -222,7 +254,7 @@ def gradient_step(
 
 
 def check_buffer_fits(
-    cfg: DQNConfig, obs_space: gym.Space, device: torch.device, frames: bool
+    cfg: QLearningConfig, obs_space: gym.Space, device: torch.device, frames: bool
 ) -> None:
     """Refuse a replay buffer larger than the memory left, before it is allocated."""
     check_replay_fits(
@@ -238,26 +270,33 @@ def check_buffer_fits(
 
 
 def train(
-    cfg: DQNConfig,
+    cfg: QLearningConfig,
     preset: Path | None = None,
     resume: Path | None = None,
     callbacks: Sequence[Callback] = (),
+    algorithm: Algorithm | None = None,
+    variant: QVariant | None = None,
 ) -> TrainResult:
     """Train DQN as configured, or continue the run in `resume` from its newest checkpoint;
-    `callbacks` see the run after every vector step (rlstore.run.Callback).
+    `callbacks` see the run after every vector step (rlstore.run.Callback). `algorithm`
+    and `variant`: the variant whose run this is, its network and loss (DQN's by default).
 
     Returns the run's result (run dir, episode returns, model).
     """
     # -- build ---------------------------------------------------------------------------
-    run = Run(cfg, ALGORITHM.name, preset, resume, callbacks)
+    algorithm = algorithm or ALGORITHM
+    run = Run(cfg, algorithm.name, preset, resume, callbacks)
     device = run.device
-    envs = make_training_envs(cfg, ALGORITHM)
+    envs = make_training_envs(cfg, algorithm)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     buffer_device = device if cfg.buffer_device == "auto" else resolve_device(cfg.buffer_device)
     num_actions = int(action_space.n)
     masks = masks_of(envs)  # the env's action masks (None: it gives none)
     frames = is_frame_stack(obs_space)  # Atari: the Nature CNN, each frame stored once
-    if frames:
+    if variant is not None:
+        q_network = variant.network(cfg, obs_space, num_actions).to(device)
+        greedy_actions = q_network.greedy_action
+    elif frames:
         q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
         greedy_actions = q_network.greedy_action
     else:
@@ -275,7 +314,9 @@ def train(
             # the same argmax in numpy (rlstore/host_networks.py)
             greedy_actions = GreedyActor(q_network.advantage_path, encoder=q_network.encoder)
     target_network = copy.deepcopy(q_network)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=cfg.learning_rate, fused=True)
+    optimizer = torch.optim.Adam(
+        q_network.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps(), fused=True
+    )
     check_buffer_fits(cfg, obs_space, buffer_device, frames)
     hindsight = make_hindsight(cfg)
     buffer = ReplayBuffer(
@@ -298,8 +339,9 @@ def train(
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
     # (rlstore/host_updates.py); it takes no masks
     fast = cfg.use_fast_paths and buffer.device.type == "cpu" and masks is None
-    fast = fast and HostDQNStep.supports(q_network, optimizer)
+    fast = fast and variant is None and HostDQNStep.supports(q_network, optimizer)
     fast_step = HostDQNStep(q_network, target_network, optimizer) if fast else None
+    loss_of = td_loss if variant is None else variant.loss
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(q_network, obs_space, action_space, masks and masks.source)
     state = TrainingState(
@@ -357,7 +399,7 @@ def train(
                     if not buffer.ready(cfg.batch_size):
                         break
                     last_update = gradient_step(
-                        q_network, target_network, optimizer, buffer, beta, cfg, fast_step
+                        q_network, target_network, optimizer, buffer, beta, cfg, fast_step, loss_of
                     )
                 if crossings(before, run.global_step, cfg.target_network_frequency):
                     update_target(target_network, q_network, cfg.tau)
