@@ -1,0 +1,185 @@
+"""The distributional and noisy pieces (rlstore/algos/_distributional.py) against naive
+references: C51's projection per atom, the quantile Huber loss by its formula, factorized
+noise's statistics, and evaluation without noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlstore.algos._distributional import (
+    DistributionalQNetwork,
+    NoisyLinear,
+    categorical_projection,
+    quantile_huber_loss,
+    quantile_midpoints,
+)
+from rlstore.encoders import FlatEncoder
+
+
+def naive_projection(probs, reward, discount, support):
+    """One row, atom by atom: Tz_j = clip(r + discount z_j), b = (Tz_j - v_min) / dz; its
+    mass goes to floor(b) and ceil(b) in proportion to closeness, all of it when b is an
+    atom."""
+    n, v_min, v_max = len(support), support[0], support[-1]
+    dz = (v_max - v_min) / (n - 1)
+    out = [0.0] * n
+    for j in range(n):
+        tz = min(max(reward + discount * support[j], v_min), v_max)
+        b = (tz - v_min) / dz
+        low, high = int(np.floor(b)), int(np.ceil(b))
+        if low == high:
+            out[low] += probs[j]
+        else:
+            out[low] += probs[j] * (high - b)
+            out[high] += probs[j] * (b - low)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 21),
+    batch=st.integers(1, 6),
+    seed=st.integers(0, 2**31),
+    v=st.sampled_from([(-10.0, 10.0), (0.0, 1.0), (-100.0, 100.0), (-3.0, 7.0)]),
+)
+def test_categorical_projection_is_the_per_atom_loop(n, batch, seed, v):
+    """On random inputs whose shifted atoms land inside, outside and on the bounds and on
+    atoms: terminations (discount 0), n-step discounts, rewards that push past v_max."""
+    rng = np.random.default_rng(seed)
+    support = torch.linspace(v[0], v[1], n, dtype=torch.float64)
+    probs = torch.from_numpy(rng.dirichlet(np.ones(n), size=batch))
+    dz = (v[1] - v[0]) / (n - 1)
+    rewards = torch.from_numpy(
+        np.where(rng.random(batch) < 0.3, rng.integers(-3, 4, batch) * dz, rng.normal(0, 5, batch))
+    )
+    discounts = torch.from_numpy(rng.choice([0.0, 1.0, 0.99, 0.99**3, 0.5], size=batch))
+    got = categorical_projection(probs, rewards, discounts, support)
+    for i in range(batch):
+        want = naive_projection(
+            probs[i].tolist(), rewards[i].item(), discounts[i].item(), support.tolist()
+        )
+        np.testing.assert_allclose(got[i].numpy(), want, atol=1e-12)
+    np.testing.assert_allclose(got.sum(-1).numpy(), 1.0, atol=1e-12)
+
+
+def test_categorical_projection_by_hand():
+    """Atoms -1, 0, 1. A termination (discount 0) at r = 0.25 puts all mass at 0.25:
+    3/4 on atom 0 and 1/4 on atom 1. Discount 1 and r = 1 shifts every atom up by one: the
+    top two clip to 1, the bottom one lands on 0."""
+    support = torch.tensor([-1.0, 0.0, 1.0])
+    probs = torch.tensor([[0.2, 0.3, 0.5], [0.2, 0.3, 0.5]])
+    got = categorical_projection(
+        probs, torch.tensor([0.25, 1.0]), torch.tensor([0.0, 1.0]), support
+    )
+    torch.testing.assert_close(got, torch.tensor([[0.0, 0.75, 0.25], [0.0, 0.2, 0.8]]))
+
+
+def naive_quantile_huber(pred, target, taus, kappa):
+    total = 0.0
+    for i, theta in enumerate(pred):
+        row = 0.0
+        for t in target:
+            u = t - theta
+            huber = 0.5 * u * u if abs(u) <= kappa else kappa * (abs(u) - 0.5 * kappa)
+            row += abs(taus[i] - (1.0 if u < 0 else 0.0)) * huber / kappa
+        total += row / len(target)
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    m=st.integers(1, 12),
+    kappa=st.sampled_from([1.0, 0.5, 2.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_quantile_huber_loss_is_its_formula(n, m, kappa, seed):
+    rng = np.random.default_rng(seed)
+    pred, target = rng.normal(0, 2, (3, n)), rng.normal(0, 2, (3, m))
+    taus = quantile_midpoints(n).double()
+    got = quantile_huber_loss(torch.from_numpy(pred), torch.from_numpy(target), taus, kappa)
+    want = [naive_quantile_huber(pred[b], target[b], taus.tolist(), kappa) for b in range(3)]
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10)
+
+
+def test_quantile_regression_finds_the_quantiles():
+    """Minimizing the loss against samples of a distribution moves each output to its
+    quantile: the 10 quantiles of U(0, 1) at (2i + 1) / 20."""
+    torch.manual_seed(0)
+    theta = torch.zeros(1, 10, requires_grad=True)
+    optimizer = torch.optim.Adam([theta], lr=0.01)
+    taus = quantile_midpoints(10)
+    for _ in range(3000):
+        loss = quantile_huber_loss(theta, torch.rand(1, 256), taus, kappa=0.01).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    np.testing.assert_allclose(theta.detach().numpy()[0], taus.numpy(), atol=0.03)
+
+
+def test_quantile_midpoints():
+    torch.testing.assert_close(quantile_midpoints(4), torch.tensor([0.125, 0.375, 0.625, 0.875]))
+
+
+def test_noisy_linear_noise_is_factorized_with_unit_gaussian_draws():
+    """weight_epsilon = f(e_out) f(e_in)^T with f(x) = sign(x) sqrt|x|, e ~ N(0, 1): rank
+    one, its bias noise is f(e_out), and f(e)^2 = |e| has mean sqrt(2 / pi)."""
+    torch.manual_seed(0)
+    layer = NoisyLinear(300, 200)
+    squares = []
+    for _ in range(50):
+        layer.reset_noise()
+        eps = layer.weight_epsilon
+        assert torch.linalg.matrix_rank(eps).item() == 1
+        e_out = layer.bias_epsilon
+        e_in = eps[0] / e_out[0]
+        torch.testing.assert_close(eps, torch.outer(e_out, e_in))
+        squares.append(torch.cat([e_out.square(), e_in.square()]))
+    mean = torch.cat(squares).mean().item()
+    assert abs(mean - np.sqrt(2 / np.pi)) < 0.01  # |N(0,1)|'s mean; 25k draws
+    assert layer.weight_sigma.flatten()[0].item() == pytest.approx(0.5 / np.sqrt(300))
+
+
+def test_noisy_linear_uses_noise_in_training_and_its_means_in_evaluation():
+    torch.manual_seed(1)
+    layer = NoisyLinear(5, 3)
+    x = torch.randn(4, 5)
+    mean_out = x @ layer.weight_mu.T + layer.bias_mu
+    assert not torch.allclose(layer(x), mean_out)
+    layer.eval()
+    torch.testing.assert_close(layer(x), mean_out)
+    layer.reset_noise()
+    torch.testing.assert_close(layer(x), mean_out)  # noise drawn, still none used
+
+
+def test_a_noisy_network_acts_without_noise_when_evaluated():
+    """A saved policy (eval mode) gives the same Q-values whatever noise its layers hold."""
+    torch.manual_seed(2)
+    net = DistributionalQNetwork(
+        3, "categorical", 11, (16, 16), FlatEncoder((4,)), dueling=True, noisy=True
+    )
+    obs = torch.randn(8, 4)
+    net.eval()
+    before = net.q_values(obs)
+    net.reset_noise()
+    torch.testing.assert_close(net.q_values(obs), before)
+    net.train()
+    assert not torch.allclose(net.q_values(obs), before)
+
+
+def test_distributional_q_values_are_the_expectations():
+    torch.manual_seed(3)
+    obs = torch.randn(5, 4)
+    categorical = DistributionalQNetwork(2, "categorical", 7, (8,), FlatEncoder((4,)))
+    out = categorical(obs)
+    want = (out.softmax(-1) * torch.linspace(-10, 10, 7)).sum(-1)
+    torch.testing.assert_close(categorical.q_values(obs), want)
+    quantile = DistributionalQNetwork(2, "quantile", 7, (8,), FlatEncoder((4,)), dueling=True)
+    torch.testing.assert_close(quantile.q_values(obs), quantile(obs).mean(-1))
+    rebuilt = DistributionalQNetwork.from_spec({"obs_shape": [4], **quantile.spec_args()})
+    rebuilt.load_state_dict(quantile.state_dict())
+    torch.testing.assert_close(rebuilt.q_values(obs), quantile.q_values(obs))
