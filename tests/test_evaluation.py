@@ -27,7 +27,9 @@ def evaluations(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "summary.json").read_text())["evaluations"]
 
 
-@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn", "sac", "td3", "ddpg"])
+@pytest.mark.parametrize(
+    "algo", ["ppo", "a2c", "dqn", "sac", "td3", "ddpg", "c51", "qrdqn", "rainbow", "pqn"]
+)
 def test_evaluation_never_changes_the_training_run(algo, tmp_path):
     """Bitwise the same run with evaluation on (sampling actions, so that it draws from
     torch's RNG, and at several points) as with it off."""

@@ -271,6 +271,10 @@ def test_action_masks_reads_either_convention_and_checks_them():
         ("dqn", "MaskedPick-v0"),
         ("ppo_lstm", "MaskedPair-v0"),
         ("a2c", "MaskedPick-v0"),
+        ("c51", "MaskedPick-v0"),
+        ("qrdqn", "MaskedPick-v0"),
+        ("rainbow", "MaskedPick-v0"),
+        ("pqn", "MaskedPick-v0"),
     ],
 )
 def test_a_masked_run_resumes_bitwise_and_plays_under_masks(algo, env_id, tmp_path, monkeypatch):

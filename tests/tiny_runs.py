@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from rlstore.algos import a2c, ddpg, dqn, ppo, ppo_lstm, sac, td3
+from rlstore.algos import a2c, c51, ddpg, dqn, ppo, ppo_lstm, pqn, qrdqn, rainbow, sac, td3
 from rlstore.algos.a2c import A2CConfig
 from rlstore.algos.ddpg import DDPGConfig
 from rlstore.algos.dqn import DQNConfig
@@ -61,6 +61,26 @@ SETUPS["ppo_lstm"] = (
         checkpoint_every=256,
         **COMMON,
     ),
+)
+# DQN's variants: DQN's tiny replay settings, small distributional heads
+VARIANTS = dict(
+    total_timesteps=2500,
+    learning_starts=400,
+    buffer_size=500,
+    batch_size=32,
+    target_network_frequency=200,
+    num_envs=2,
+    q_hidden=(32, 32),
+    checkpoint_every=1000,
+    **COMMON,
+)
+SETUPS["c51"] = (c51, c51.C51Config(n_atoms=11, v_min=-10.0, v_max=10.0, **VARIANTS))
+SETUPS["qrdqn"] = (qrdqn, qrdqn.QRDQNConfig(n_quantiles=8, **VARIANTS))
+# Rainbow: all its pieces (noisy layers, dueling, Double, 3-step returns, PER)
+SETUPS["rainbow"] = (rainbow, rainbow.RainbowConfig(n_atoms=11, **VARIANTS))
+SETUPS["pqn"] = (
+    pqn,
+    pqn.PQNConfig(total_timesteps=6 * 4 * 64, num_steps=64, checkpoint_every=512, **COMMON),
 )
 
 
