@@ -28,7 +28,9 @@ def evaluations(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "algo", ["ppo", "a2c", "dqn", "sac", "td3", "ddpg", "c51", "qrdqn", "rainbow", "pqn"]
+    "algo",
+    ["ppo", "a2c", "dqn", "sac", "td3", "ddpg"]
+    + ["c51", "qrdqn", "rainbow", "pqn", "tqc", "crossq"],
 )
 def test_evaluation_never_changes_the_training_run(algo, tmp_path):
     """Bitwise the same run with evaluation on (sampling actions, so that it draws from

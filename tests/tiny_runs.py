@@ -5,7 +5,21 @@ from pathlib import Path
 
 import torch
 
-from rlstore.algos import a2c, c51, ddpg, dqn, ppo, ppo_lstm, pqn, qrdqn, rainbow, sac, td3
+from rlstore.algos import (
+    a2c,
+    c51,
+    crossq,
+    ddpg,
+    dqn,
+    ppo,
+    ppo_lstm,
+    pqn,
+    qrdqn,
+    rainbow,
+    sac,
+    td3,
+    tqc,
+)
 from rlstore.algos.a2c import A2CConfig
 from rlstore.algos.ddpg import DDPGConfig
 from rlstore.algos.dqn import DQNConfig
@@ -49,6 +63,8 @@ OFF_POLICY = dict(
 SETUPS["sac"] = (sac, SACConfig(**OFF_POLICY))
 SETUPS["td3"] = (td3, TD3Config(**OFF_POLICY))
 SETUPS["ddpg"] = (ddpg, DDPGConfig(**OFF_POLICY))
+SETUPS["tqc"] = (tqc, tqc.TQCConfig(n_critics=3, n_quantiles=5, **OFF_POLICY))
+SETUPS["crossq"] = (crossq, crossq.CrossQConfig(critic_hidden=(32, 32), **OFF_POLICY))
 # recurrent PPO on a partially observable CartPole, small LSTMs, sequences of 16 steps
 SETUPS["ppo_lstm"] = (
     ppo_lstm,

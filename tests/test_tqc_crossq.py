@@ -1,0 +1,209 @@
+"""TQC's pooled, sorted and truncated target and its loss against naive references;
+CrossQ's batch renormalization in training and evaluation mode (and against
+sb3-contrib's, with the [bench] extra), and its joint pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlstore.algos.crossq import BatchRenorm, CrossQActorCritic
+from rlstore.algos.tqc import critic_loss, truncated_target
+from rlstore.encoders import FlatEncoder
+from rlstore.storage.replay import ReplayBatch
+
+
+def batch_of(rewards, discounts, terminated):
+    none = torch.zeros(len(rewards))
+    return ReplayBatch(
+        obs=None,
+        actions=None,
+        rewards=torch.as_tensor(rewards, dtype=torch.float64),
+        next_obs=None,
+        terminated=torch.as_tensor(terminated),
+        discounts=torch.as_tensor(discounts, dtype=torch.float64),
+        weights=none,
+        indices=none,
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    critics=st.integers(1, 5),
+    n=st.integers(2, 10),
+    drop=st.integers(0, 9),
+    seed=st.integers(0, 2**31),
+)
+def test_truncated_target_is_the_naive_pool_sort_and_drop(critics, n, drop, seed):
+    """Per sample: every critic's quantiles in one list, sorted, the top critics * drop
+    left out, then r + gamma (1 - terminated) (q - alpha log pi)."""
+    drop = min(drop, n - 1)
+    rng = np.random.default_rng(seed)
+    size = 4
+    quantiles = rng.normal(size=(size, critics, n))
+    log_prob = rng.normal(size=size)
+    rewards, discounts = rng.normal(size=size), rng.choice([0.99, 0.9], size)
+    terminated = rng.random(size) < 0.3
+    alpha = 0.3
+    got = truncated_target(
+        torch.from_numpy(quantiles),
+        torch.from_numpy(log_prob),
+        batch_of(rewards, discounts, terminated),
+        torch.tensor(alpha, dtype=torch.float64),
+        drop,
+    )
+    for b in range(size):
+        pooled = sorted(quantiles[b].ravel().tolist())
+        kept = pooled[: len(pooled) - critics * drop]
+        bootstrap = 0.0 if terminated[b] else discounts[b]
+        want = [rewards[b] + bootstrap * (q - alpha * log_prob[b]) for q in kept]
+        np.testing.assert_allclose(got[b].numpy(), want, rtol=1e-12)
+
+
+def test_tqc_critic_loss_averages_over_critics_quantiles_and_targets():
+    """sb3-contrib's TQC loss: the mean of rho over (batch, critic, quantile, target)."""
+    rng = np.random.default_rng(0)
+    quantiles, target = rng.normal(size=(3, 2, 4)), rng.normal(size=(3, 6))
+    taus = (np.arange(4) + 0.5) / 4
+    total = 0.0
+    for b in range(3):
+        for c in range(2):
+            for i in range(4):
+                for t in target[b]:
+                    u = t - quantiles[b, c, i]
+                    huber = 0.5 * u * u if abs(u) <= 1 else abs(u) - 0.5
+                    total += abs(taus[i] - (u < 0)) * huber
+    want = total / (3 * 2 * 4 * 6)
+    got = critic_loss(torch.from_numpy(quantiles), torch.from_numpy(target))
+    assert got.item() == pytest.approx(want, rel=1e-12)
+
+
+def test_batch_renorm_normalizes_by_the_batch_in_training_and_the_running_statistics_in_eval():
+    torch.manual_seed(0)
+    layer = BatchRenorm(3, momentum=0.1, warmup_steps=5)
+    x = torch.randn(64, 3) * torch.tensor([1.0, 2.0, 5.0]) + torch.tensor([0.0, 3.0, -1.0])
+    out = layer(x)  # training: batch mean and (unbiased) variance
+    want = (x - x.mean(0)) / (x.var(0) + 1e-3).sqrt()
+    torch.testing.assert_close(out, want)
+    # running statistics moved 10% of the way from (0, 1) to the batch's
+    torch.testing.assert_close(layer.running_mean, 0.1 * x.mean(0))
+    torch.testing.assert_close(layer.running_var, 0.9 + 0.1 * x.var(0))
+    assert layer.steps.item() == 1
+    layer.eval()
+    before = layer.running_mean.clone()
+    out = layer(x)
+    torch.testing.assert_close(
+        out, (x - layer.running_mean) / (layer.running_var + 1e-3).sqrt()
+    )  # and nothing updated
+    torch.testing.assert_close(layer.running_mean, before)
+    assert layer.steps.item() == 1
+
+
+def test_batch_renorm_after_warmup_normalizes_toward_the_running_statistics():
+    """Past warmup, with r and d inside their clips, a training pass gives what the
+    running statistics give (r and d carry no gradient, so gradients are batch norm's)."""
+    torch.manual_seed(1)
+    layer = BatchRenorm(2, momentum=0.0, warmup_steps=0)  # momentum 0: statistics stay
+    layer.running_mean.copy_(torch.tensor([0.5, -0.5]))
+    layer.running_var.copy_(torch.tensor([1.5, 0.8]))
+    layer.steps.fill_(1)
+    x = torch.randn(256, 2)
+    trained = layer(x)
+    layer.eval()
+    torch.testing.assert_close(trained, layer(x), atol=2e-3, rtol=0)
+
+
+def test_batch_renorm_equals_sb3_contribs():
+    """With the [bench] extra: sb3-contrib's BatchRenorm, same inputs, train and eval
+    mode, through warmup and after."""
+    layers = pytest.importorskip("sb3_contrib.common.torch_layers")
+    torch.manual_seed(2)
+    ours = BatchRenorm(4, momentum=0.01, warmup_steps=3)
+    theirs = layers.BatchRenorm1d(4, momentum=0.01, warmup_steps=3)
+    for step in range(8):
+        x = torch.randn(32, 4) * (step + 1) + step
+        for mode in (True, False):
+            ours.train(mode)
+            theirs.train(mode)
+            torch.testing.assert_close(ours(x), theirs(x))
+    torch.testing.assert_close(ours.running_var, theirs.ra_var)
+
+
+def test_crossq_acts_with_the_running_statistics_and_its_modes_stay_eval():
+    """Acting (and a saved policy) uses the running statistics: a batch of one acts as
+    the same observation in a batch of many; the networks are built in eval mode."""
+    torch.manual_seed(3)
+    agent = CrossQActorCritic([-1.0], [1.0], (16, 16), (32, 32), FlatEncoder((3,)))
+    assert not any(m.training for m in agent.modules())
+    obs = torch.randn(10, 3)
+    torch.testing.assert_close(
+        agent.deterministic_action(obs[:1]), agent.deterministic_action(obs)[:1]
+    )
+
+
+def test_crossq_step_runs_the_critics_once_in_training_mode_on_both_halves():
+    """One gradient step at the actor's turn: the critics' one training-mode pass holds
+    the batch's (s, a) and (s', a') together (2 x batch rows); the actor's one is on s;
+    every other pass (a' from s', the actor's Q) uses the running statistics."""
+    import gymnasium as gym
+
+    from rlstore.algos.crossq import CrossQConfig, gradient_step
+    from rlstore.algos.sac import EntropyCoefficient
+    from rlstore.storage.replay import ReplayBuffer
+
+    torch.manual_seed(4)
+    rng = np.random.default_rng(4)
+    envs = gym.make_vec("Pendulum-v1", 1)
+    buffer = ReplayBuffer(100, 1, (3,), np.float32, action_shape=(1,), action_dtype=torch.float32)
+    obs, _ = envs.reset(seed=0)
+    for _ in range(40):
+        action = rng.uniform(-2, 2, (1, 1)).astype(np.float32)
+        next_obs, reward, terminated, truncated, _ = envs.step(action)
+        buffer.add(obs, action, reward, next_obs, terminated, truncated)
+        obs = next_obs
+    agent = CrossQActorCritic([-2.0], [2.0], (16, 16), (32, 32), FlatEncoder((3,)))
+    passes = []
+    for name, module in agent.named_modules():
+        if isinstance(module, BatchRenorm) and name.endswith(".0"):  # each net's first
+            module.register_forward_hook(
+                lambda m, args, out, name=name: passes.append((name, m.training, len(args[0])))
+            )
+    entropy = EntropyCoefficient()
+    optimizers = {
+        "actor": torch.optim.Adam(agent.actor.parameters()),
+        "critic": torch.optim.Adam(agent.critic.parameters()),
+        "alpha": torch.optim.Adam([entropy.log_alpha]),
+    }
+    cfg = CrossQConfig(batch_size=16, policy_frequency=3)
+    gradient_step(3, agent, entropy, optimizers, buffer, cfg, -1.0)
+    assert passes == [
+        ("actor.0", False, 16),  # a' ~ pi(s'), running statistics
+        ("critic.0.0", True, 32),  # the joint pass
+        ("critic.1.0", True, 32),
+        ("actor.0", True, 16),  # the actor's update pass
+        ("critic.0.0", False, 16),  # Q(s, pi(s)) for the actor's loss
+        ("critic.1.0", False, 16),
+    ]
+    assert not any(m.training for m in agent.modules())
+
+
+@pytest.mark.parametrize("algo, critics", [("tqc", 3), ("crossq", 2)])
+def test_a_saved_policy_acts_in_the_box_and_gives_each_critics_q(algo, critics, tmp_path):
+    from tiny_runs import SETUPS, replace
+
+    import rlstore
+
+    module, cfg = SETUPS[algo]
+    result = module.train(replace(cfg, logdir=str(tmp_path), checkpoint_every=0))
+    policy = rlstore.load_policy(result.run_dir)
+    obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    actions = policy(obs)
+    assert actions.dtype == np.float32 and actions.shape == (64, 1)
+    assert (np.abs(actions) <= 2).all()
+    np.testing.assert_array_equal(actions, policy(obs))  # deterministic: the mode
+    assert policy.q_values(obs).shape == (64, critics)
+    # CrossQ's saved statistics: the policy acts on one observation as on the batch
+    np.testing.assert_allclose(policy(obs[0]), actions[0], rtol=1e-6)
