@@ -113,7 +113,7 @@ class BenchmarkArgs:
     suite: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="SUITE")]
     """A suite TOML file, or the name of a shipped one (configs/suites/: classic, box2d,
     mujoco, atari-short, atari-breakout, atari-10m, offpolicy, mujoco-offpolicy, recurrent,
-    spaces, her)."""
+    spaces, her, value-methods, continuous-methods)."""
     out: str | None = None
     """Output directory (runs/, logs/, results); default benchmarks/{suite name}."""
     workers: int | None = None

@@ -83,7 +83,11 @@ def run_main(args, logdir, capsys):
             ["sac", "--env", "Pendulum-v1", "--fire-on-life-loss"],
             "--fire-on-life-loss applies to Atari games only",
         ),
-        (["ppo", "--her"], "unknown option --her (an option of ddpg, dqn, sac, td3)"),
+        (
+            ["ppo", "--her"],
+            "unknown option --her (an option of c51, crossq, ddpg, dqn, qrdqn, rainbow, sac, "
+            "td3, tqc)",
+        ),
         (["sac", "--env", "Pendulum-v1", "--her"], "--her needs a goal-conditioned env, whose"),
         (
             ["dqn", "--env", "space_envs:DictTarget-v0", "--her"],
@@ -168,7 +172,7 @@ def test_images_are_refused_by_the_algorithms_without_a_cnn(logdir, capsys):
             code, err = run_main([algo, "--env", "rlstore-test/Images-v0"], logdir, capsys)
             assert code == 2 and err.count("\n") == 1
             assert f"{algo.upper()} takes vector observations, not images such as" in err
-            assert "images train with a2c, dqn, ppo, ppo_lstm" in err
+            assert "images train with a2c, c51, dqn, ppo, ppo_lstm, pqn, qrdqn, rainbow" in err
     finally:
         del gym.registry["rlstore-test/Images-v0"]
     assert not Path(logdir).exists()
@@ -195,7 +199,7 @@ def test_unknown_command_and_missing_algorithm(capsys):
     assert "usage: rlstore" in capsys.readouterr().out
     assert main(["train"]) == 2  # no algorithm
     err = capsys.readouterr().err
-    names = "{a2c, ddpg, dqn, ppo, ppo_lstm, sac, td3}"
+    names = "{a2c, c51, crossq, ddpg, dqn, ppo, ppo_lstm, pqn, qrdqn, rainbow, sac, td3, tqc}"
     assert err == f"rlstore: error: name an algorithm: rlstore train {names} --env ENV_ID\n"
 
 

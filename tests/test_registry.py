@@ -109,7 +109,7 @@ def test_an_unknown_algorithm_offers_the_close_name(capsys):
 def test_an_unknown_algorithm_without_a_close_name_points_to_the_plugin_variable(capsys):
     assert main(["train", "reinforce"]) == 2
     err = capsys.readouterr().err
-    assert "unknown algorithm 'reinforce'; choose one of a2c, c51, ddpg, dqn, ppo" in err
+    assert "unknown algorithm 'reinforce'; choose one of a2c, c51, crossq, ddpg, dqn, ppo" in err
     assert "name its module in RLSTORE_ALGORITHMS" in err
 
 
