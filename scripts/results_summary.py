@@ -73,8 +73,9 @@ def summary() -> str:
         "(sampled: its actions sampled, not its mode), or (success) its success rate; per",
         "row the mean +- std over seeds.",
     ]
-    order = ["classic", "box2d", "mujoco", "offpolicy", "mujoco-offpolicy", "atari"]
-    order += ["recurrent", "spaces", "her"]
+    order = ["classic", "value-methods", "box2d", "mujoco", "offpolicy", "mujoco-offpolicy"]
+    order += ["continuous-methods", "atari"]
+    order += ["recurrent", "spaces", "her"]  # (then any other suite, by name)
     paths = sorted(
         RESULTS.glob("learning-*.json"),
         key=lambda p: (order.index(p.stem[9:]) if p.stem[9:] in order else len(order), p.stem),
