@@ -1,0 +1,156 @@
+"""sb3-contrib's CrossQ and QRDQN at the settings of rlstore's suite rows, seeds 1-3,
+scored as the rows score them, so that a row off its band can be set beside the
+reference library at the same settings and seeds:
+- CrossQ at the RL Zoo's crossq presets (`rlstore benchmark continuous-methods`'
+  CrossQ rows, configs/crossq/): per seed the mean of the last 100 training returns, and the
+  first step where the mean of the last 20 reached the row's threshold;
+- QRDQN at the RL Zoo's tuned presets (`rlstore benchmark value-methods`' QR-DQN rows,
+  configs/qrdqn/): the final policy's mean return over 10 deterministic episodes.
+
+    pip install -e ".[bench]"
+    python scripts/sb3_reference.py crossq Pendulum-v1           # writes results/sb3-reference.*
+    python scripts/sb3_reference.py qrdqn MountainCar-v0
+    python scripts/sb3_reference.py crossq LunarLanderContinuous-v3    # hours a seed on a CPU
+
+One process, one torch thread (as each suite run); SB3's own env handling (time limits
+bootstrap, as rlstore's). Results accumulate in results/sb3-reference.json, one entry per
+algorithm and env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "sb3-reference"
+# The zoo's presets (hyperparams/crossq.yml, qrdqn.yml) over sb3-contrib's defaults
+SETTINGS = {
+    ("crossq", "Pendulum-v1"): dict(
+        steps=20_000, threshold=-200, policy_delay=2, net_arch=dict(pi=[256, 256], qf=[256, 256])
+    ),
+    ("crossq", "LunarLanderContinuous-v3"): dict(
+        steps=200_000, threshold=200, learning_starts=10_000
+    ),
+    ("qrdqn", "MountainCar-v0"): dict(
+        steps=120_000,
+        learning_rate=4e-3,
+        batch_size=128,
+        buffer_size=10_000,
+        learning_starts=1000,
+        gamma=0.98,
+        target_update_interval=600,
+        train_freq=16,
+        gradient_steps=8,
+        exploration_fraction=0.2,
+        exploration_final_eps=0.07,
+        net_arch=[256, 256],
+        n_quantiles=25,
+    ),
+}
+
+
+def train(algo: str, env_id: str, seed: int) -> dict:
+    import torch
+    from sb3_contrib import QRDQN, CrossQ
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)
+    settings = dict(SETTINGS[algo, env_id])
+    steps = settings.pop("steps")
+    settings.pop("threshold", None)
+    policy_kwargs = {k: settings.pop(k) for k in ("net_arch", "n_quantiles") if k in settings}
+    returns, ends = [], []
+
+    class Episodes(BaseCallback):
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    returns.append(float(info["episode"]["r"]))
+                    ends.append(self.num_timesteps)
+            return True
+
+    trainer = CrossQ if algo == "crossq" else QRDQN
+    model = trainer(
+        "MlpPolicy", env_id, seed=seed, device="cpu", policy_kwargs=policy_kwargs, **settings
+    )
+    model.learn(steps, callback=Episodes())
+    run = {"seed": seed, "returns": returns, "steps": ends}
+    if algo == "qrdqn":
+        run["evaluation"] = evaluate(model, env_id, seed)
+    return run
+
+
+def evaluate(model, env_id: str, seed: int, episodes: int = 10) -> float:
+    import gymnasium as gym
+
+    env, total = gym.make(env_id), []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=10_000 * seed + i)
+        done, episode_return = False, 0.0
+        while not done:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            episode_return, done = episode_return + float(reward), terminated or truncated
+        total.append(episode_return)
+    return float(np.mean(total))
+
+
+def first_reach(returns: list[float], steps: list[int], threshold: float) -> int | None:
+    for end in range(20, len(returns) + 1):
+        if np.mean(returns[end - 20 : end]) >= threshold:
+            return steps[end - 1]
+    return None
+
+
+def row(key: str, result: dict) -> str:
+    algo, env_id = key.split(" ")
+    settings, runs = result["settings"], result["runs"]
+    if algo == "qrdqn":
+        scores = [r["evaluation"] for r in runs]
+        measure, reached = "final evaluation (10 deterministic episodes)", "-"
+    else:
+        scores = [float(np.mean(r["returns"][-100:])) for r in runs]
+        measure = f"last 100 training returns; reached {settings['threshold']} at"
+        at = [first_reach(r["returns"], r["steps"], settings["threshold"]) for r in runs]
+        reached = ", ".join("-" if s is None else f"{s:,}" for s in at)
+    per_seed = ", ".join(f"{s:.1f}" for s in scores)
+    return (
+        f"| {algo} | {env_id} | {settings['steps']:,} | {measure} | {per_seed} | "
+        f"{np.mean(scores):.1f} +- {np.std(scores):.1f} | {reached} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("algo", choices=sorted({a for a, _ in SETTINGS}))
+    parser.add_argument("env")
+    args = parser.parse_args()
+    if (args.algo, args.env) not in SETTINGS:
+        known = ", ".join(e for a, e in SETTINGS if a == args.algo)
+        parser.error(f"no settings for {args.algo} on {args.env}; choose one of {known}")
+    path = OUT.with_suffix(".json")
+    results = json.loads(path.read_text()) if path.exists() else {}
+    runs = [train(args.algo, args.env, seed) for seed in (1, 2, 3)]
+    results[f"{args.algo} {args.env}"] = {"settings": SETTINGS[args.algo, args.env], "runs": runs}
+    path.write_text(json.dumps(results) + "\n")
+    lines = [
+        "# sb3-contrib at the settings of rlstore's suite rows (scripts/sb3_reference.py)",
+        "",
+        "`python scripts/sb3_reference.py ALGO ENV`: sb3-contrib's CrossQ and QRDQN at the RL",
+        "Zoo's presets (the settings of rlstore's rows), seeds 1-3, scored as those rows",
+        "score. The data: sb3-reference.json.",
+        "",
+        "| algorithm | env | steps | score | per seed | mean +- std | per seed |",
+        "|---|---|---|---|---|---|---|",
+        *(row(key, result) for key, result in results.items()),
+    ]
+    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[-len(results) :]))
+
+
+if __name__ == "__main__":
+    main()
