@@ -17,6 +17,9 @@
 # 5. Recurrent PPO at the Atari LSTM defaults (configs/ppo_lstm/atari.toml) on Breakout with
 #    --device cuda, 100k steps (steps/s in the run's summary.json, RESULTS/gpu-ppo-lstm-atari/);
 #    with --long, the atari-10m suite's ppo_lstm rows (CleanRL's ppo_atari_lstm scores).
+# 6. Rainbow at its Atari defaults (configs/rainbow/atari.toml) on Breakout with --device
+#    cuda, 100k steps, learning from step 20,000 (RESULTS/gpu-rainbow-atari/); with --long,
+#    the atari-short suite (PPO, DQN, Rainbow, C51 and QR-DQN on Pong, 1M steps).
 # Each stage has its own time limit, cut to what is left of GPU_CHECK_DEADLINE_S (900) seconds
 # from the start; a stage with under 30 s left is skipped, and a failed stage does not stop
 # the next ones, so the script ends by its deadline without being killed from outside (a
@@ -115,9 +118,13 @@ stage offpolicy-halfcheetah 150 python scripts/benchmark.py --algos sac td3 \
     --offpolicy-starts 1000 --out "$results/benchmark-gpu-offpolicy"
 stage lstm-atari 120 python -m rlstore train ppo_lstm --env BreakoutNoFrameskip-v4 \
     --device cuda --total-timesteps 102400 --no-progress --logdir "$results/gpu-ppo-lstm-atari"
+stage rainbow-atari 150 python -m rlstore train rainbow --env BreakoutNoFrameskip-v4 \
+    --device cuda --total-timesteps 100000 --learning-starts 20000 --no-progress \
+    --logdir "$results/gpu-rainbow-atari"
 if [ $long = 1 ]; then  # the published comparisons: hours, resumable (run it again to go on)
     python -m rlstore benchmark atari-10m --workers 3 --out "$results/learning-atari-10m"
     python -m rlstore benchmark mujoco-offpolicy --workers 6 --out "$results/learning-mujoco-offpolicy"
+    python -m rlstore benchmark atari-short --workers 3 --out "$results/learning-atari-short"
 fi
 echo "== done; failed stages: ${failed[*]:-none}"
 [ ${#failed[@]} = 0 ]
