@@ -132,9 +132,9 @@ def main() -> None:
     if (args.algo, args.env) not in SETTINGS:
         known = ", ".join(e for a, e in SETTINGS if a == args.algo)
         parser.error(f"no settings for {args.algo} on {args.env}; choose one of {known}")
-    path = OUT.with_suffix(".json")
-    results = json.loads(path.read_text()) if path.exists() else {}
     runs = [train(args.algo, args.env, seed) for seed in (1, 2, 3)]
+    path = OUT.with_suffix(".json")  # read after the runs: another may have written since
+    results = json.loads(path.read_text()) if path.exists() else {}
     results[f"{args.algo} {args.env}"] = {"settings": SETTINGS[args.algo, args.env], "runs": runs}
     path.write_text(json.dumps(results) + "\n")
     lines = [
