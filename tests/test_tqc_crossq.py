@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from extras import needs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,10 +117,12 @@ def test_batch_renorm_after_warmup_normalizes_toward_the_running_statistics():
     torch.testing.assert_close(trained, layer(x), atol=2e-3, rtol=0)
 
 
+@needs("bench", "sb3_contrib")
 def test_batch_renorm_equals_sb3_contribs():
     """With the [bench] extra: sb3-contrib's BatchRenorm, same inputs, train and eval
     mode, through warmup and after."""
-    layers = pytest.importorskip("sb3_contrib.common.torch_layers")
+    from sb3_contrib.common import torch_layers as layers
+
     torch.manual_seed(2)
     ours = BatchRenorm(4, momentum=0.01, warmup_steps=3)
     theirs = layers.BatchRenorm1d(4, momentum=0.01, warmup_steps=3)
