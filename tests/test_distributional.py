@@ -4,9 +4,12 @@ noise's statistics, and evaluation without noise."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
+from extras import needs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,3 +186,96 @@ def test_distributional_q_values_are_the_expectations():
     rebuilt = DistributionalQNetwork.from_spec({"obs_shape": [4], **quantile.spec_args()})
     rebuilt.load_state_dict(quantile.state_dict())
     torch.testing.assert_close(rebuilt.q_values(obs), quantile.q_values(obs))
+
+
+class _Batches:
+    """A buffer that hands out given batches in turn."""
+
+    def __init__(self, batches):
+        self.batches = iter(batches)
+
+    def sample(self, batch_size, *args, **kwargs):
+        return next(self.batches)
+
+
+@needs("bench", "sb3_contrib")
+def test_qrdqn_gradient_steps_equal_sb3_contribs():
+    """An independent reference: from the same weights and batches, six of our QR-DQN
+    gradient steps (DQN's gradient_step with QR-DQN's loss) leave the network where six of
+    sb3-contrib's QRDQN.train steps leave it, with the same losses. (sb3-contrib lays out
+    its outputs quantile-major, (batch, quantiles, actions); ours action-major: the output
+    layer's rows are permuted to match.)"""
+    import gymnasium as gym
+    from sb3_contrib import QRDQN
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    from rlstore.algos import dqn
+    from rlstore.algos.qrdqn import QRDQNConfig, build_network, quantile_loss
+    from rlstore.storage.replay import ReplayBatch
+
+    obs_dim, actions, quantiles, size = 4, 3, 5, 32
+    cfg = QRDQNConfig(q_hidden=(16, 16), n_quantiles=quantiles, batch_size=size, gamma=0.97)
+    space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+    env = gym.make("CartPole-v1")  # (only its spaces are read; replaced below)
+    env.observation_space, env.action_space = space, gym.spaces.Discrete(actions)
+    torch.manual_seed(0)
+    model = QRDQN(
+        "MlpPolicy",
+        env,
+        learning_rate=cfg.learning_rate,
+        batch_size=size,
+        gamma=cfg.gamma,
+        learning_starts=0,
+        policy_kwargs=dict(net_arch=[16, 16], n_quantiles=quantiles),
+        device="cpu",
+    )
+    model.set_logger(Logger(None, []))
+    ours = build_network(cfg, space, actions)
+    for p in ours.parameters():
+        p.data.normal_(0.0, 0.3)
+    target = copy.deepcopy(ours)
+    for p in target.parameters():
+        p.data += 0.1 * torch.randn_like(p)
+    # our output row a * n + q is sb3-contrib's q * A + a
+    order = torch.arange(actions * quantiles).view(actions, quantiles).T.reshape(-1)
+
+    def copy_into(net, sb3_net):
+        params = list(sb3_net.quantile_net.parameters())
+        for i, (mine, theirs) in enumerate(zip(net.parameters(), params, strict=True)):
+            value = mine.data
+            if i >= len(params) - 2:  # the output layer: quantile-major rows
+                value = value[order]
+            theirs.data.copy_(value)
+
+    copy_into(ours, model.quantile_net)
+    copy_into(target, model.quantile_net_target)
+    rng = np.random.default_rng(1)
+    batches, samples = [], []
+    for _ in range(6):
+        obs = torch.from_numpy(rng.normal(size=(size, obs_dim)).astype(np.float32))
+        next_obs = torch.from_numpy(rng.normal(size=(size, obs_dim)).astype(np.float32))
+        action = torch.from_numpy(rng.integers(0, actions, size))
+        reward = torch.from_numpy(rng.normal(size=size).astype(np.float32))
+        terminated = torch.from_numpy(rng.random(size) < 0.2)
+        ones = torch.ones(size)
+        batches.append(
+            ReplayBatch(obs, action, reward, next_obs, terminated, ones * cfg.gamma, ones, ones)
+        )
+        samples.append(
+            ReplayBufferSamples(
+                obs, action[:, None], next_obs, terminated.float()[:, None], reward[:, None], None
+            )
+        )
+    optimizer = torch.optim.Adam(ours.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps())
+    buffer, model.replay_buffer = _Batches(batches), _Batches(samples)
+    for _ in range(6):
+        loss, _ = dqn.gradient_step(ours, target, optimizer, buffer, 0.4, cfg, None, quantile_loss)
+        model.train(gradient_steps=1, batch_size=size)
+        assert loss.item() == pytest.approx(model.logger.name_to_value["train/loss"], rel=1e-5)
+    mine = list(ours.parameters())
+    theirs = list(model.quantile_net.quantile_net.parameters())
+    for i, (x, y) in enumerate(zip(mine, theirs, strict=True)):
+        if i >= len(theirs) - 2:
+            x = x[order]
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
