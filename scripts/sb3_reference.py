@@ -144,7 +144,7 @@ def main() -> None:
         "Zoo's presets (the settings of rlstore's rows), seeds 1-3, scored as those rows",
         "score. The data: sb3-reference.json.",
         "",
-        "| algorithm | env | steps | score | per seed | mean +- std | per seed |",
+        "| algorithm | env | steps | score | per seed | mean +- std | reached at, per seed |",
         "|---|---|---|---|---|---|---|",
         *(row(key, result) for key, result in results.items()),
     ]
