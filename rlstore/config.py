@@ -186,8 +186,41 @@ class CommonConfig:
         return -(-self.total_timesteps // self.iteration_steps) * self.iteration_steps
 
 
+class Rollouts:
+    """Iterations of whole rollouts of num_envs x num_steps env steps, for a config that has
+    num_steps (PPO, A2C, ppo_lstm, PQN): listed before CommonConfig among the bases, so that
+    its iteration_steps and steps_run are the ones used."""
+
+    @property
+    def rollout_size(self) -> int:
+        """Env steps per rollout: num_envs x num_steps."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        """Rollouts in the run: the run stops at the last whole one."""
+        return self.total_timesteps // self.rollout_size
+
+    @property
+    def iteration_steps(self) -> int:
+        return self.rollout_size
+
+    @property
+    def steps_run(self) -> int:
+        return self.num_iterations * self.rollout_size
+
+    def check_rollout(self) -> None:
+        """A UsageError unless the run holds at least one whole rollout."""
+        if self.total_timesteps < self.rollout_size:
+            raise UsageError(
+                f"--total-timesteps {self.total_timesteps} is smaller than one rollout "
+                f"(num_envs x num_steps = {self.rollout_size}); raise --total-timesteps or "
+                "lower --num-steps"
+            )
+
+
 @dataclass
-class OnPolicyConfig(CommonConfig):
+class OnPolicyConfig(Rollouts, CommonConfig):
     """What PPO and A2C share: rollouts of num_envs x num_steps, returns, the loss weights."""
 
     learning_rate: Positive = 2.5e-4
@@ -223,33 +256,10 @@ class OnPolicyConfig(CommonConfig):
     """Widths of the hidden Tanh layers of the actor and of the critic (ppo_lstm: of the
     MLP heads after its LSTMs)."""
 
-    @property
-    def rollout_size(self) -> int:
-        """Env steps per rollout: num_envs x num_steps."""
-        return self.num_envs * self.num_steps
-
-    @property
-    def num_iterations(self) -> int:
-        """Rollouts in the run: the run stops at the last whole one."""
-        return self.total_timesteps // self.rollout_size
-
-    @property
-    def iteration_steps(self) -> int:
-        return self.rollout_size
-
-    @property
-    def steps_run(self) -> int:
-        return self.num_iterations * self.rollout_size
-
     def check(self) -> None:
         super().check()
         check_widths("--hidden", self.hidden)
-        if self.total_timesteps < self.rollout_size:
-            raise UsageError(
-                f"--total-timesteps {self.total_timesteps} is smaller than one rollout "
-                f"(num_envs x num_steps = {self.rollout_size}); raise --total-timesteps or "
-                "lower --num-steps"
-            )
+        self.check_rollout()
 
 
 def check_widths(flag: str, widths: tuple[int, ...]) -> None:

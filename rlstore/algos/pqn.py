@@ -35,7 +35,7 @@ from rlstore.algos import Algorithm
 from rlstore.algos._shared import image_options, linear_schedule, optimizer_params
 from rlstore.algos.dqn import epsilon_greedy
 from rlstore.callbacks import Callback
-from rlstore.config import CommonConfig, Count, Fraction, Positive, check_widths
+from rlstore.config import CommonConfig, Count, Fraction, Positive, Rollouts, check_widths
 from rlstore.encoders import (
     description_of_spec,
     encoder_for,
@@ -54,7 +54,7 @@ from rlstore.storage import RolloutStorage
 
 
 @dataclass
-class PQNConfig(CommonConfig):
+class PQNConfig(Rollouts, CommonConfig):
     """PQN (defaults: CleanRL's pqn.py)."""
 
     learning_rate: Positive = 2.5e-4
@@ -82,33 +82,10 @@ class PQNConfig(CommonConfig):
     q_hidden: tuple[int, ...] = (120, 84)
     """Widths of the Q-network's hidden layers (each: linear, LayerNorm, ReLU)."""
 
-    @property
-    def rollout_size(self) -> int:
-        """Env steps per rollout: num_envs x num_steps."""
-        return self.num_envs * self.num_steps
-
-    @property
-    def num_iterations(self) -> int:
-        """Rollouts in the run: the run stops at the last whole one."""
-        return self.total_timesteps // self.rollout_size
-
-    @property
-    def iteration_steps(self) -> int:
-        return self.rollout_size
-
-    @property
-    def steps_run(self) -> int:
-        return self.num_iterations * self.rollout_size
-
     def check(self) -> None:
         super().check()
         check_widths("--q-hidden", self.q_hidden)
-        if self.total_timesteps < self.rollout_size:
-            raise UsageError(
-                f"--total-timesteps {self.total_timesteps} is smaller than one rollout "
-                f"(num_envs x num_steps = {self.rollout_size}); raise --total-timesteps or "
-                "lower --num-envs / --num-steps"
-            )
+        self.check_rollout()
         if self.num_minibatches > self.rollout_size:
             raise UsageError(
                 f"--num-minibatches {self.num_minibatches} is more than the "
