@@ -98,6 +98,11 @@ class MultiCategoricalHead:
         """Stored actions (B, k) as the env takes them: shifted by start, in its shape."""
         return (action + np.asarray(self.start)).reshape(len(action), *self.shape)
 
+    def env_action_tensor(self, action: torch.Tensor) -> torch.Tensor:
+        """env_action in torch (an exported policy's last step, rlstore/export.py)."""
+        start = torch.tensor(self.start, dtype=action.dtype, device=action.device)
+        return (action + start).reshape(action.shape[0], *self.shape)
+
     def spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "nvec": self.nvec, "start": self.start, "shape": self.shape}
 
@@ -133,6 +138,10 @@ class BernoulliHead:
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         return action.reshape(len(action), *self.shape).astype(np.int8)
+
+    def env_action_tensor(self, action: torch.Tensor) -> torch.Tensor:
+        """env_action in torch (an exported policy's last step, rlstore/export.py)."""
+        return action.reshape(action.shape[0], *self.shape).to(torch.int8)
 
     def spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "shape": self.shape}

@@ -37,7 +37,7 @@ from rlstore.presets import (
 )
 
 USAGE = """\
-usage: rlstore {train,presets,resume,eval,benchmark,plot,sweep} ... | rlstore --version
+usage: rlstore {train,presets,resume,eval,export,benchmark,plot,sweep} ... | rlstore --version
 
 rlstore: a reference RL trainer built around correct, resumable storage.
 
@@ -48,6 +48,7 @@ commands:
   presets [ALGO]   every shipped preset (or one algorithm's): envs, values, source
   resume DIR   continue an interrupted run from its newest checkpoint
   eval DIR     evaluate a run's trained policy
+  export DIR   the policy as one ONNX or TorchScript file, with a model card
   benchmark SUITE   run a suite of algorithms x envs x seeds; results table and curves
   plot DIR...  learning curves (mean +- std over seeds) from runs' TensorBoard files
   sweep SPEC   tune hyperparameters with Ray Tune and Optuna, several seeds per trial
@@ -102,6 +103,29 @@ class EvalArgs:
     best: bool = False
     """Evaluate best_model.pt, the policy of the best evaluation during training (a run
     trained with --eval-every), instead of the final model.pt."""
+
+
+@dataclass
+class ExportArgs:
+    """Write a run's trained policy as one file that runs without rlstore (ONNX for
+    onnxruntime, TorchScript for libtorch or torch.jit.load), with README.md, a model card
+    the Hugging Face Hub reads, and config.json beside it. docs/guides/export.md shows how
+    to run it."""
+
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """The run directory, runs/{env}__{algo}__{seed}__{time}."""
+    format: Literal["onnx", "torchscript"] = "onnx"
+    """onnx (needs rlstore[export]) or torchscript."""
+    out: str | None = None
+    """The file to write; default RUN_DIR/export/policy.onnx (policy.torchscript.pt), or
+    RUN_DIR/export-best/ with --best."""
+    best: bool = False
+    """Export best_model.pt, the policy of the best evaluation during training (a run
+    trained with --eval-every), instead of the final model.pt."""
+    values: bool = False
+    """Also output the value (PPO, A2C) or the Q-values (the others)."""
+    force: bool = False
+    """Overwrite the file, and a model card or config.json beside it."""
 
 
 @dataclass
@@ -385,6 +409,15 @@ def main(argv: list[str] | None = None) -> int:
                 parsed.checkpoint,
                 best=parsed.best,
             )
+            return 0
+        elif command == "export":
+            parsed = parse_args(ExportArgs, rest, "rlstore export")
+            from rlstore.export import export
+
+            path = export(
+                parsed.run_dir, parsed.format, parsed.out, parsed.best, parsed.values, parsed.force
+            )
+            print(f"rlstore export: wrote {path}, and {path.parent / 'README.md'} (model card)")
             return 0
         elif command == "benchmark":
             parsed = parse_args(BenchmarkArgs, rest, "rlstore benchmark")

@@ -384,3 +384,27 @@ class GoalScalarReward(GoalPoint):
 
 if "GoalScalarReward-v0" not in gym.registry:
     gym.register("GoalScalarReward-v0", entry_point=GoalScalarReward, max_episode_steps=10)
+
+
+class Frames(gym.Env):
+    """Atari's observation: a stack of four 84x84 uint8 frames, channel first (the Nature
+    CNN's input), random; reward 1 for naming the brightest frame."""
+
+    observation_space = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    action_space = spaces.Discrete(4)
+
+    def _observe(self):
+        self.frames = self.np_random.integers(0, 256, (4, 84, 84), dtype=np.uint8)
+        return self.frames
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == int(self.frames.mean(axis=(1, 2)).argmax()))
+        return self._observe(), reward, False, False, {}
+
+
+if "Frames-v0" not in gym.registry:
+    gym.register("Frames-v0", entry_point=Frames, max_episode_steps=5)
