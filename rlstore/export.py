@@ -276,8 +276,8 @@ def export(
     source = find_best_model(run_dir) if best else run_dir / "model.pt"
     if not source.is_file():
         raise UsageError(
-            f"{run_dir} has no model.pt: the run has not finished (export a checkpoint's "
-            f"policy by finishing it: rlstore resume {run_dir})"
+            f"{run_dir} has no model.pt: the run has not finished; finish it with "
+            f"`rlstore resume {run_dir}`, then export"
         )
     missing = missing_modules(fmt)
     if missing:

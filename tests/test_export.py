@@ -255,6 +255,8 @@ def test_the_model_card_and_record(trained, tmp_path):
 
     run_dir = trained("dqn-masked")
     result = evaluate(run_dir, episodes=3)
+    (run_dir / "videos").mkdir(exist_ok=True)
+    (run_dir / "videos" / "model-greedy-episode-0.mp4").write_bytes(b"a video")
     folder = tmp_path / "card"
     export(run_dir, "torchscript", out=folder / "policy.torchscript.pt")
     if not missing_modules("onnx"):
@@ -267,6 +269,7 @@ def test_the_model_card_and_record(trained, tmp_path):
     assert score in header
     assert "`action_mask`: bool (batch, 4)" in card and "`obs`: int64 (batch)" in card
     assert "rlstore train dqn --config config.json" in card
+    assert "(replay.mp4)" in card and (folder / "replay.mp4").read_bytes() == b"a video"
     record = json.loads((folder / "export.json").read_text())
     assert record["source"] == "model.pt" and record["algo"] == "dqn"
     formats = {entry["format"] for entry in record["files"].values()}
@@ -274,6 +277,21 @@ def test_the_model_card_and_record(trained, tmp_path):
     assert json.loads((folder / "config.json").read_text()) == json.loads(
         (run_dir / "config.json").read_text()
     )
+
+
+@pytest.mark.slow
+def test_best_exports_best_model_into_its_own_folder(trained, tmp_path):
+    run_dir = trained("pqn")
+    best = run_dir / "best_model.pt"
+    shutil.copyfile(run_dir / "model.pt", best)  # (best_model.pt is model.pt's format)
+    try:
+        path = export(run_dir, "torchscript", best=True)
+    finally:
+        best.unlink()
+    assert path == run_dir / "export-best" / "policy.torchscript.pt"
+    record = json.loads((path.parent / "export.json").read_text())
+    assert record["source"] == "best_model.pt"
+    assert "(best_model.pt of the run)" in (path.parent / "README.md").read_text()
 
 
 def run_export(args, capsys):
