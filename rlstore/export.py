@@ -53,6 +53,7 @@ class Port:
     name: str
     dtype: str
     shape: tuple[int | str, ...]
+    least: Any = 0  # the smallest value (Discrete's and MultiDiscrete's start): an example
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
@@ -68,9 +69,10 @@ def observation_ports(description: dict[str, Any], name: str = "obs") -> list[Po
         named = parts.items() if kind == "dict" else enumerate(parts)
         return [port for key, part in named for port in observation_ports(part, f"{name}.{key}")]
     if kind == "discrete":
-        return [Port(name, "int64", ("batch",))]
+        return [Port(name, "int64", ("batch",), description["start"])]
     if kind == "multi_discrete":
-        return [Port(name, "int64", ("batch", *np.shape(description["nvec"])))]
+        shape = ("batch", *np.shape(description["nvec"]))
+        return [Port(name, "int64", shape, description["start"])]
     if kind == "multi_binary":
         return [Port(name, "int8", ("batch", *description["shape"]))]
     dtype = "uint8" if kind == "image" else "float32"
@@ -102,8 +104,7 @@ class PolicyGraph(nn.Module):
             self.clip = float(policy.obs_normalizer.clip)
         self.continuous = bool(info.get("continuous"))
         if self.continuous:  # clipped in the action space's dtype, in its shape
-            self.action_dtype = np.dtype(info.get("action_dtype", "float32"))
-            dtype = getattr(torch, self.action_dtype.name)
+            dtype = getattr(torch, np.dtype(info.get("action_dtype", "float32")).name)
             self.register_buffer("low", torch.as_tensor(info["action_low"], dtype=dtype))
             self.register_buffer("high", torch.as_tensor(info["action_high"], dtype=dtype))
             self.action_shape = tuple(info.get("env_action_shape", self.low.shape))
@@ -131,16 +132,14 @@ class PolicyGraph(nn.Module):
         return sum(self.head.nvec) if self.head is not None else self.num_actions
 
     def example_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """Inputs of `batch` rows (zeros; every action allowed) to trace the graph with."""
+        """Inputs of `batch` rows to trace the graph with: each part's smallest value (zeros
+        mostly), every action allowed."""
         examples = []
         for port in self.inputs():
             dtype = getattr(torch, port.dtype)
-            shape = (batch, *port.shape[1:])
-            examples.append(
-                torch.ones(shape, dtype=dtype)
-                if dtype == torch.bool
-                else torch.zeros(shape, dtype=dtype)
-            )
+            least = True if dtype == torch.bool else np.asarray(port.least)
+            values = np.broadcast_to(least, (batch, *port.shape[1:]))
+            examples.append(torch.as_tensor(values.copy(), dtype=dtype))
         return tuple(examples)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -408,3 +408,34 @@ class Frames(gym.Env):
 
 if "Frames-v0" not in gym.registry:
     gym.register("Frames-v0", entry_point=Frames, max_episode_steps=5)
+
+
+class ShiftedParts(gym.Env):
+    """Dict observations of integer parts that do not start at 0, {"state": Discrete(3,
+    start=-1), "pair": MultiDiscrete([2, 3], start=[1, -1])}: reward 1 for action
+    (state + pair[1]) % 2."""
+
+    observation_space = spaces.Dict(
+        {
+            "state": spaces.Discrete(3, start=-1),
+            "pair": spaces.MultiDiscrete([2, 3], start=[1, -1]),
+        }
+    )
+    action_space = spaces.Discrete(2)
+
+    def _observe(self):
+        self.obs = self.observation_space.sample()
+        return self.obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        return self._observe(), {}
+
+    def step(self, action):
+        reward = float(int(action) == (int(self.obs["state"]) + int(self.obs["pair"][1])) % 2)
+        return self._observe(), reward, False, False, {}
+
+
+if "ShiftedParts-v0" not in gym.registry:
+    gym.register("ShiftedParts-v0", entry_point=ShiftedParts, max_episode_steps=5)

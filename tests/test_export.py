@@ -38,6 +38,7 @@ SPACES = {
     "dqn-tuple": ("dqn", "space_envs:TupleCount-v0", {}),
     "sac-2x2-box": ("sac", "space_envs:BoxGrid-v0", {}),
     "td3-discrete-obs": ("td3", "space_envs:DiscreteTarget-v0", {}),
+    "a2c-shifted-integer-parts": ("a2c", "space_envs:ShiftedParts-v0", {}),
     "dqn-masked": ("dqn", "space_envs:MaskedPick-v0", {}),
     "ppo-masked-dict-multidiscrete": ("ppo", "space_envs:MaskedPair-v0", {}),
     "ppo_lstm-masked": ("ppo_lstm", "space_envs:MaskedPair-v0", {}),
