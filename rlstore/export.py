@@ -438,9 +438,8 @@ def model_card(
         "",
         f"# {algo.upper()} on {env_id}",
         "",
-        f"A policy trained by [rlstore](https://github.com/rlstore/rlstore) with `{algo}` "
-        f"for {record['global_step']:,} env steps ({record['source']} of the run), exported "
-        "to run without rlstore.",
+        f"A policy trained by rlstore's `{algo}` for {record['global_step']:,} env steps "
+        f"({record['source']} of the run), exported to run without rlstore.",
         "",
         "## Results",
         "",
@@ -464,9 +463,9 @@ def model_card(
     lines += ["", "## Usage", ""]
     for name, entry in sorted(record["files"].items()):
         lines += _usage(name, entry)
-    lines += ["", "## Hyperparameters", "", "| option | value |", "| --- | --- |"]
+    lines += ["", "## Hyperparameters", "", "| config field | value |", "| --- | --- |"]
     lines += [
-        f"| `--{key.replace('_', '-')}` | `{json.dumps(value)}` |"
+        f"| `{key}` | `{json.dumps(value)}` |"
         for key, value in config.items()
         if key not in CONFIG_LEFT_OUT
     ]
