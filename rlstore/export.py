@@ -304,8 +304,8 @@ def export(
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-    if record.get("source") != _source_name(source):
-        record = {"source": _source_name(source), "files": {}}
+    if record.get("source") != source.name:  # model.pt or best_model.pt
+        record = {"source": source.name, "files": {}}
     record["files"][path.name] = {
         "format": fmt,
         "inputs": [p.as_dict() for p in graph.inputs()],
@@ -324,10 +324,6 @@ def export(
     )
     _write_text(folder / MODEL_CARD, card)
     return path
-
-
-def _source_name(source: Path) -> str:
-    return source.name  # model.pt or best_model.pt
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -356,7 +352,7 @@ def _refuse_overwrites(
     hint = "; give another --out, or --force to overwrite"
     if path.exists():
         raise UsageError(f"{path} exists{hint}")
-    ours = record.get("source") == _source_name(source)
+    ours = record.get("source") == source.name
     if record and not ours:
         raise UsageError(
             f"{folder} holds the export of {record['source']}, not of {source.name}{hint}"
