@@ -19,6 +19,7 @@ from rlstore.algos._distributional import (
     categorical_projection,
     quantile_huber_loss,
     quantile_midpoints,
+    sorted_quantile_huber_loss,
 )
 from rlstore.encoders import FlatEncoder
 
@@ -107,6 +108,35 @@ def test_quantile_huber_loss_is_its_formula(n, m, kappa, seed):
     got = quantile_huber_loss(torch.from_numpy(pred), torch.from_numpy(target), taus, kappa)
     want = [naive_quantile_huber(pred[b], target[b], taus.tolist(), kappa) for b in range(3)]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 12),
+    m=st.integers(1, 12),
+    kappa=st.sampled_from([1.0, 0.5, 2.0]),
+    ties=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_the_sorted_quantile_huber_loss_is_the_reference_with_its_gradient(n, m, kappa, ties, seed):
+    """The fast path against the reference (itself checked against the formula above), in
+    float64, on unsorted targets; with `ties`, targets at predictions and at predictions
+    +- kappa, the runs' boundaries."""
+    rng = np.random.default_rng(seed)
+    pred, target = rng.normal(0, 2, (3, n)), rng.normal(0, 2, (3, m))
+    if ties:
+        picks = rng.integers(0, n, (3, m))
+        offsets = rng.choice([-kappa, 0.0, kappa], (3, m))
+        target = np.take_along_axis(pred, picks, 1) + offsets
+    taus = quantile_midpoints(n).double()
+    results = []
+    for loss in (quantile_huber_loss, sorted_quantile_huber_loss):
+        predicted = torch.tensor(pred, requires_grad=True)
+        value = loss(predicted, torch.from_numpy(target), taus, kappa)
+        weights = torch.arange(1.0, 4.0, dtype=torch.float64)  # a per-sample upstream grad
+        results.append((value.detach().numpy(), torch.autograd.grad(value @ weights, predicted)[0]))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(results[1][1].numpy(), results[0][1].numpy(), atol=1e-10)
 
 
 def test_quantile_regression_finds_the_quantiles():

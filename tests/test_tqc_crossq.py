@@ -80,6 +80,24 @@ def test_tqc_critic_loss_averages_over_critics_quantiles_and_targets():
     want = total / (3 * 2 * 4 * 6)
     got = critic_loss(torch.from_numpy(quantiles), torch.from_numpy(target))
     assert got.item() == pytest.approx(want, rel=1e-12)
+    fast = critic_loss(torch.from_numpy(quantiles), torch.from_numpy(target), fast=True)
+    assert fast.item() == pytest.approx(want, rel=1e-12)
+
+
+def test_tqc_fast_critic_loss_and_gradient_equal_the_reference_at_tqc_sizes():
+    """The fast path (sorted targets, prefix sums) at TQC's shapes in float32, returns in
+    the thousands: the loss and the critics' gradient as the reference gives them."""
+    torch.manual_seed(0)
+    quantiles = (1000 + 300 * torch.randn(256, 5, 25)).requires_grad_(True)
+    target = 1000 + 300 * torch.randn(256, 115)
+    target[:, 50:60] = quantiles.detach()[:, 0, :10]  # ties between targets and predictions
+    losses, grads = [], []
+    for fast in (False, True):
+        loss = critic_loss(quantiles, target, fast)
+        losses.append(loss.item())
+        grads.append(torch.autograd.grad(loss, quantiles)[0])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-9)
 
 
 def test_batch_renorm_normalizes_by_the_batch_in_training_and_the_running_statistics_in_eval():

@@ -23,7 +23,11 @@ from gymnasium import spaces
 from torch import nn
 
 from rlstore.algos import Algorithm
-from rlstore.algos._distributional import quantile_huber_loss, quantile_midpoints
+from rlstore.algos._distributional import (
+    quantile_huber_loss,
+    quantile_midpoints,
+    sorted_quantile_huber_loss,
+)
 from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
     anneal_learning_rates,
@@ -145,10 +149,16 @@ def truncated_target(
     return batch.rewards[:, None] + discounts[:, None] * soft
 
 
-def critic_loss(quantiles: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def critic_loss(quantiles: torch.Tensor, target: torch.Tensor, fast: bool = False) -> torch.Tensor:
     """The quantile Huber loss of every critic's quantiles (batch, critics, n) against the
-    pooled target (batch, kept), averaged over batch, critics, quantiles and targets."""
+    pooled target (batch, kept), averaged over batch, critics, quantiles and targets.
+    `fast`: the same (up to rounding) by sorted targets, every critic's quantiles of a
+    sample against its one target row (sorted_quantile_huber_loss)."""
     batch, critics, n = quantiles.shape
+    if fast:
+        taus = quantile_midpoints(n, quantiles.device).repeat(critics)
+        per_sample = sorted_quantile_huber_loss(quantiles.reshape(batch, -1), target, taus)
+        return per_sample.mean() / (critics * n)
     per_critic = quantile_huber_loss(
         quantiles.reshape(batch * critics, n),
         target.repeat_interleave(critics, 0),
@@ -197,7 +207,7 @@ def gradient_step(
             next_quantiles, next_log_prob, batch, alpha, cfg.top_quantiles_to_drop_per_net
         )
     quantiles = agent.critic(agent.encoder(batch.obs), batch.actions)
-    q_loss = critic_loss(quantiles, target)
+    q_loss = critic_loss(quantiles, target, cfg.use_fast_paths)
     optimizers["critic"].zero_grad(set_to_none=True)
     q_loss.backward()
     optimizers["critic"].step()
