@@ -309,3 +309,59 @@ def test_qrdqn_gradient_steps_equal_sb3_contribs():
         if i >= len(theirs) - 2:
             x = x[order]
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_qrdqn_with_many_quantiles_takes_the_sorted_loss_and_the_same_gradient(
+    prioritized, monkeypatch
+):
+    """From SORTED_LOSS_FROM quantiles on, QR-DQN's loss runs by sorted targets (a fast
+    path): its loss, per-sample priorities and gradient are the reference's, up to
+    rounding, and --fast-paths off takes the reference."""
+    import gymnasium as gym
+
+    from rlstore.algos import qrdqn
+    from rlstore.storage.replay import ReplayBatch
+
+    sorted_calls = []
+    monkeypatch.setattr(
+        qrdqn,
+        "sorted_quantile_huber_loss",
+        lambda *args: sorted_calls.append(1) or sorted_quantile_huber_loss(*args),
+    )
+    size, obs_dim, actions = 32, 4, 3
+    space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+    rng = np.random.default_rng(0)
+    obs, next_obs = (
+        torch.from_numpy(rng.normal(size=(size, obs_dim)).astype(np.float32)) for _ in range(2)
+    )
+    batch = ReplayBatch(
+        obs,
+        torch.from_numpy(rng.integers(0, actions, size)),
+        torch.from_numpy(rng.normal(size=size).astype(np.float32)),
+        next_obs,
+        torch.from_numpy(rng.random(size) < 0.2),
+        torch.full((size,), 0.99),
+        torch.from_numpy(rng.random(size).astype(np.float32)),  # importance weights
+        torch.ones(size),
+    )
+    results = []
+    for fast_paths in ("off", "auto"):
+        cfg = qrdqn.QRDQNConfig(
+            n_quantiles=qrdqn.SORTED_LOSS_FROM,
+            q_hidden=(16,),
+            prioritized=prioritized,
+            fast_paths=fast_paths,
+        )
+        torch.manual_seed(0)
+        network = qrdqn.build_network(cfg, space, actions)
+        target = copy.deepcopy(network)
+        loss, per_sample, _ = qrdqn.quantile_loss(network, target, batch, cfg)
+        grads = torch.autograd.grad(loss, list(network.parameters()))
+        results.append((loss, per_sample, grads))
+    assert len(sorted_calls) == 1  # fast_paths "auto" only
+    (loss, per_sample, grads), (fast_loss, fast_per_sample, fast_grads) = results
+    torch.testing.assert_close(fast_loss, loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast_per_sample, per_sample, rtol=1e-6, atol=1e-7)
+    for fast, plain in zip(fast_grads, grads, strict=True):
+        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-7)

@@ -24,6 +24,7 @@ from rlstore.algos._distributional import (
     DistributionalQNetwork,
     quantile_huber_loss,
     quantile_midpoints,
+    sorted_quantile_huber_loss,
 )
 from rlstore.algos._shared import image_options
 from rlstore.algos.c51 import bootstrap_discounts, next_actions
@@ -75,10 +76,17 @@ def quantile_loss(
         target = batch.rewards[:, None] + discounts[:, None] * next_quantiles[rows, chosen]
     quantiles = q_network(batch.obs)[rows, batch.actions.long()]
     taus = quantile_midpoints(cfg.n_quantiles, quantiles.device)
-    per_sample = quantile_huber_loss(quantiles, target, taus)
+    sort = cfg.use_fast_paths and cfg.n_quantiles >= SORTED_LOSS_FROM
+    per_sample = (sorted_quantile_huber_loss if sort else quantile_huber_loss)(
+        quantiles, target, taus
+    )
     loss = (batch.weights * per_sample).mean() if cfg.prioritized else per_sample.mean()
     return loss, per_sample.detach(), quantiles.detach().mean(-1)
 
+
+# From this many quantiles the loss by sorted targets is the faster (batch 32, one thread:
+# 0.5 against 0.6 ms at 50, 3.3 against 13.7 ms at Atari's 200; at 25, 0.35 against 0.22)
+SORTED_LOSS_FROM = 50
 
 VARIANT = dqn.QVariant(network=build_network, loss=quantile_loss)
 
