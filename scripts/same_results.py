@@ -4,10 +4,10 @@
 
 Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
 every option), recurrent PPO, PPO under Taxi's action masks, DQN on FrozenLake's Discrete
-observations and with hindsight replay on bit flipping, and SAC, TD3 and DDPG on Pendulum,
-with the code of COMMIT, checked out into a temporary git worktree, and with the code of
-this working tree, each in its own process with one torch thread, then compares every
-run's episode returns and final parameters bit for bit. Exits 1 on any difference.
+observations and with hindsight replay on bit flipping, and SAC, TD3, DDPG, TQC and CrossQ
+on Pendulum, with the code of COMMIT, checked out into a temporary git worktree, and with
+the code of this working tree, each in its own process with one torch thread, then compares
+every run's episode returns and final parameters bit for bit. Exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -88,6 +88,27 @@ RUNS = {
         "2000",
         "--learning-starts",
         "1000",
+    ],
+    "tqc": [
+        "tqc",
+        "--env",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "1000",
+    ],
+    "crossq": [
+        "crossq",
+        "--env",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "1000",
+        "--critic-hidden",
+        "128",
+        "128",
     ],
     "ppo_lstm": ["ppo_lstm", "--env", "CartPoleNoVel-v1", "--total-timesteps", "4096"],
     # the user's own spaces: Discrete observations and action masks, a goal Dict with HER

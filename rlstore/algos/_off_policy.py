@@ -1,11 +1,11 @@
-"""What SAC, TD3 and DDPG share: the config of an off-policy actor-critic for continuous
-actions (and of a deterministic one, TD3's and DDPG's), its replay buffer, the env check,
-the actions before learning starts, one vector step into the buffer, and the schedule of
-gradient steps."""
+"""What SAC, TD3, DDPG, TQC and CrossQ share: the config of an off-policy actor-critic for
+continuous actions (and of a deterministic one, TD3's and DDPG's), its replay buffer, the
+env check, the actions before learning starts, one vector step into the buffer, the
+schedule of gradient steps, and the loop that runs them (collect_and_train)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
@@ -29,7 +29,7 @@ from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.errors import UsageError
 from rlstore.machine import resolve_device
 from rlstore.parts import as_tensors
-from rlstore.run import Run
+from rlstore.run import Run, TrainingState
 from rlstore.storage.replay import ReplayBuffer
 
 
@@ -194,6 +194,39 @@ def anneal_learning_rates(
     for optimizer, rate in zip(optimizers, base_rates, strict=True):
         for group in optimizer.param_groups:
             group["lr"] = rate * fraction_left
+
+
+def collect_and_train(
+    run: Run,
+    state: TrainingState,
+    buffer: ReplayBuffer,
+    cfg: ContinuousOffPolicyConfig,
+    gradient_step: Callable[[int], dict[str, torch.Tensor]],
+    annealed: list[torch.optim.Optimizer],
+    base_rates: list[float],
+    scalars: Callable[[], dict[str, torch.Tensor]] = dict,
+) -> None:
+    """The loop of every algorithm here, inside its `run.start(state)`: act (random until
+    learning_starts, then the agent's exploring actions) -> step the envs and store -> the
+    learning rates annealed (--anneal-lr) -> the gradient steps due, `gradient_step(number)`
+    each, which returns what it logs -> log the last ones' scalars, with `scalars()`."""
+    logged: dict[str, torch.Tensor] = {}
+    for _ in run.iterations():
+        # -- act and store: state.obs is where the envs are ---------------------------------
+        action = explore(state.policy, state.obs, run, cfg, state.envs.single_action_space)
+        before = run.global_step
+        state.obs = step_and_store(state.envs, buffer, run, state.obs, action)
+
+        # -- train -------------------------------------------------------------------------
+        if cfg.anneal_lr:
+            anneal_learning_rates(annealed, base_rates, 1 - run.global_step / cfg.total_timesteps)
+        for number in gradient_steps(cfg, before, run.global_step):
+            if buffer.ready(cfg.batch_size):
+                logged |= gradient_step(number)
+
+        # -- log ---------------------------------------------------------------------------
+        if run.log_due() and logged:
+            run.log_scalars(logged | scalars())
 
 
 def gradient_steps(cfg: ContinuousOffPolicyConfig, before: int, after: int) -> range:

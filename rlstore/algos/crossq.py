@@ -6,9 +6,9 @@ updated every policy_delay-th step.
 
 Reads top to bottom: the config, batch renormalization, the networks, one gradient step
 (sb3-contrib's order: critics; at the actor's steps the entropy coefficient, then the
-actor), then train(): build, and the loop of act (uniformly random until learning_starts,
-then sampled, with the running statistics) -> store -> gradient steps -> log; last, its
-registry entry.
+actor), then train(): build, and the loop (_off_policy.collect_and_train) of act
+(uniformly random until learning_starts, then sampled, with the running statistics) ->
+store -> gradient steps -> log; last, its registry entry.
 
 Modes: the networks stay in eval mode (running statistics) except for the one forward
 pass of each update that is meant to use and update batch statistics: the critics' joint
@@ -30,13 +30,10 @@ from torch.nn import functional as F
 from rlstore.algos import Algorithm
 from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
-    anneal_learning_rates,
     check_bounded_actions,
-    explore,
+    collect_and_train,
     frozen,
-    gradient_steps,
     make_replay_buffer,
-    step_and_store,
 )
 from rlstore.algos.sac import EntropyCoefficient
 from rlstore.callbacks import Callback
@@ -310,28 +307,19 @@ def train(
     state = TrainingState(envs, agent, spec, obs, entropy=entropy, buffer=buffer, **parts)
     annealed = list(optimizers.values())
     base_rates = [o.param_groups[0]["lr"] for o in annealed]
-    logged: dict[str, torch.Tensor] = {}
-
     with run.start(state):
-        for _ in run.iterations():
-            # -- act and store: state.obs is where the envs are -------------------------
-            action = explore(agent, state.obs, run, cfg, action_space)
-            before = run.global_step
-            state.obs = step_and_store(envs, buffer, run, state.obs, action)
-
-            # -- train -----------------------------------------------------------------
-            if cfg.anneal_lr:
-                left = 1 - run.global_step / cfg.total_timesteps
-                anneal_learning_rates(annealed, base_rates, left)
-            for number in gradient_steps(cfg, before, run.global_step):
-                if buffer.ready(cfg.batch_size):
-                    logged |= gradient_step(
-                        number, agent, entropy, optimizers, buffer, cfg, target_entropy
-                    )
-
-            # -- log -----------------------------------------------------------------------
-            if run.log_due() and logged:
-                run.log_scalars(logged | {"losses/alpha": entropy.alpha})
+        collect_and_train(
+            run,
+            state,
+            buffer,
+            cfg,
+            lambda number: gradient_step(
+                number, agent, entropy, optimizers, buffer, cfg, target_entropy
+            ),
+            annealed,
+            base_rates,
+            lambda: {"losses/alpha": entropy.alpha},
+        )
         return run.finish()
 
 

@@ -3,10 +3,11 @@ actor, twin Q critics with target copies, and an entropy coefficient tuned towar
 entropy.
 
 Reads top to bottom: the config, the losses as pure functions, the entropy coefficient,
-one gradient step, then train(): build, and the loop of act (uniformly random until
-learning_starts, then sampled from the actor) -> store -> gradient steps (the critics at
-every one, the actor and the entropy coefficient at every policy_frequency-th, as many
-times as that frequency) -> log; last, its registry entry (ALGORITHM).
+one gradient step, then train(): build, and the loop (_off_policy.collect_and_train) of
+act (uniformly random until learning_starts, then sampled from the actor) -> store ->
+gradient steps (the critics at every one, the actor and the entropy coefficient at every
+policy_frequency-th, as many times as that frequency) -> log; last, its registry entry
+(ALGORITHM).
 """
 
 from __future__ import annotations
@@ -26,13 +27,10 @@ from torch.nn import functional as F
 from rlstore.algos import Algorithm
 from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
-    anneal_learning_rates,
     check_bounded_actions,
-    explore,
+    collect_and_train,
     frozen,
-    gradient_steps,
     make_replay_buffer,
-    step_and_store,
 )
 from rlstore.algos._shared import update_target
 from rlstore.callbacks import Callback
@@ -215,35 +213,19 @@ def train(
     )
     annealed = [o for o in (optimizers.actor, optimizers.critic, optimizers.alpha) if o]
     base_rates = [o.param_groups[0]["lr"] for o in annealed]
-    logged: dict[str, torch.Tensor] = {}
-
     with run.start(state):
-        for _ in run.iterations():
-            # -- act and store: state.obs is where the envs are -------------------------
-            action = explore(agent, state.obs, run, cfg, action_space)
-            before = run.global_step
-            state.obs = step_and_store(envs, buffer, run, state.obs, action)
-
-            # -- train -----------------------------------------------------------------
-            if cfg.anneal_lr:
-                left = 1.0 - run.global_step / cfg.total_timesteps
-                anneal_learning_rates(annealed, base_rates, left)
-            for number in gradient_steps(cfg, before, run.global_step):
-                if buffer.ready(cfg.batch_size):
-                    logged |= gradient_step(
-                        number,
-                        agent,
-                        target_critic,
-                        entropy,
-                        optimizers,
-                        buffer,
-                        cfg,
-                        target_entropy,
-                    )
-
-            # -- log -----------------------------------------------------------------------
-            if run.log_due() and logged:
-                run.log_scalars(logged | {"losses/alpha": entropy.alpha})
+        collect_and_train(
+            run,
+            state,
+            buffer,
+            cfg,
+            lambda number: gradient_step(
+                number, agent, target_critic, entropy, optimizers, buffer, cfg, target_entropy
+            ),
+            annealed,
+            base_rates,
+            lambda: {"losses/alpha": entropy.alpha},
+        )
         return run.finish()
 
 

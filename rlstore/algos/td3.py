@@ -3,10 +3,10 @@ with Gaussian exploration noise, twin Q critics, target policy smoothing, and de
 actor and target updates.
 
 Reads top to bottom: the config, the losses as pure functions, one gradient step, then
-train(): build, and the loop of act (uniformly random until learning_starts, then the
-actor plus noise) -> store -> gradient steps (the critics at every one; the actor and the
-soft target updates at every policy_frequency-th) -> log; last, its registry entry
-(ALGORITHM).
+train(): build, and the loop (_off_policy.collect_and_train) of act (uniformly random
+until learning_starts, then the actor plus noise) -> store -> gradient steps (the critics
+at every one; the actor and the soft target updates at every policy_frequency-th) -> log;
+last, its registry entry (ALGORITHM).
 
 DDPG (ddpg.py) runs this same code with one critic and no target smoothing, which is all
 that tells CleanRL's ddpg_continuous_action.py from its td3_continuous_action.py.
@@ -27,13 +27,10 @@ from torch.nn import functional as F
 from rlstore.algos import Algorithm
 from rlstore.algos._off_policy import (
     DeterministicOffPolicyConfig,
-    anneal_learning_rates,
     check_bounded_actions,
-    explore,
+    collect_and_train,
     frozen,
-    gradient_steps,
     make_replay_buffer,
-    step_and_store,
 )
 from rlstore.algos._shared import update_target
 from rlstore.callbacks import Callback
@@ -182,28 +179,18 @@ def train(
         critic_optimizer=critic_optimizer,
     )
     annealed, base_rates = [actor_optimizer, critic_optimizer], [cfg.learning_rate] * 2
-    logged: dict[str, torch.Tensor] = {}
-
     with run.start(state):
-        for _ in run.iterations():
-            # -- act and store: state.obs is where the envs are -------------------------
-            action = explore(agent, state.obs, run, cfg, action_space)
-            before = run.global_step
-            state.obs = step_and_store(envs, buffer, run, state.obs, action)
-
-            # -- train -----------------------------------------------------------------
-            if cfg.anneal_lr:
-                left = 1.0 - run.global_step / cfg.total_timesteps
-                anneal_learning_rates(annealed, base_rates, left)
-            for number in gradient_steps(cfg, before, run.global_step):
-                if buffer.ready(cfg.batch_size):
-                    logged |= gradient_step(
-                        number, agent, target, actor_optimizer, critic_optimizer, buffer, cfg
-                    )
-
-            # -- log -----------------------------------------------------------------------
-            if run.log_due() and logged:
-                run.log_scalars(logged)
+        collect_and_train(
+            run,
+            state,
+            buffer,
+            cfg,
+            lambda number: gradient_step(
+                number, agent, target, actor_optimizer, critic_optimizer, buffer, cfg
+            ),
+            annealed,
+            base_rates,
+        )
         return run.finish()
 
 

@@ -5,9 +5,10 @@ drops the highest few of each critic's share, which curbs the overestimation tha
 minimum of two critics curbs in SAC, by a tunable amount.
 
 Reads top to bottom: the config, the networks, the target and the losses as pure
-functions, one gradient step (in sb3-contrib's order: entropy coefficient, critics,
-actor, target update), then train(): build, and the loop of act (uniformly random until
-learning_starts, then sampled) -> store -> gradient steps -> log; last, its registry entry.
+functions, one gradient step (in sb3-contrib's order: entropy coefficient, critics, actor,
+target update), then train(): build, and the loop (_off_policy.collect_and_train) of act
+(uniformly random until learning_starts, then sampled) -> store -> gradient steps -> log;
+last, its registry entry.
 """
 
 from __future__ import annotations
@@ -30,13 +31,10 @@ from rlstore.algos._distributional import (
 )
 from rlstore.algos._off_policy import (
     ContinuousOffPolicyConfig,
-    anneal_learning_rates,
     check_bounded_actions,
-    explore,
+    collect_and_train,
     frozen,
-    gradient_steps,
     make_replay_buffer,
-    step_and_store,
 )
 from rlstore.algos._shared import update_target
 from rlstore.algos.sac import EntropyCoefficient
@@ -267,36 +265,19 @@ def train(
     )
     annealed = list(optimizers.values())
     base_rates = [o.param_groups[0]["lr"] for o in annealed]
-    logged: dict[str, torch.Tensor] = {}
-
     with run.start(state):
-        for _ in run.iterations():
-            # -- act and store: state.obs is where the envs are -------------------------
-            action = explore(agent, state.obs, run, cfg, action_space)
-            before = run.global_step
-            state.obs = step_and_store(envs, buffer, run, state.obs, action)
-
-            # -- train -----------------------------------------------------------------
-            if cfg.anneal_lr:
-                anneal_learning_rates(
-                    annealed, base_rates, 1 - run.global_step / cfg.total_timesteps
-                )
-            for number in gradient_steps(cfg, before, run.global_step):
-                if buffer.ready(cfg.batch_size):
-                    logged |= gradient_step(
-                        number,
-                        agent,
-                        target_critic,
-                        entropy,
-                        optimizers,
-                        buffer,
-                        cfg,
-                        target_entropy,
-                    )
-
-            # -- log -----------------------------------------------------------------------
-            if run.log_due() and logged:
-                run.log_scalars(logged | {"losses/alpha": entropy.alpha})
+        collect_and_train(
+            run,
+            state,
+            buffer,
+            cfg,
+            lambda number: gradient_step(
+                number, agent, target_critic, entropy, optimizers, buffer, cfg, target_entropy
+            ),
+            annealed,
+            base_rates,
+            lambda: {"losses/alpha": entropy.alpha},
+        )
         return run.finish()
 
 
