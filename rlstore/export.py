@@ -38,6 +38,7 @@ from torch import nn
 from rlstore.action_heads import masked_q
 from rlstore.encoders import description_of_spec
 from rlstore.errors import UsageError
+from rlstore.parts import map_shapes
 from rlstore.policy import Policy, find_best_model, load_policy
 
 FORMATS = ("onnx", "torchscript")
@@ -144,7 +145,7 @@ class PolicyGraph(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         parts = iter(inputs[: len(self.obs_ports)])
-        obs = _tree_of(self.obs_shape, parts)
+        obs = map_shapes(lambda _: next(parts), self.obs_shape)  # the parts in the space's order
         if self.normalized:
             normalized = ((obs.double() - self.obs_mean) / self.obs_std).float()
             obs = normalized.clamp(-self.clip, self.clip)
@@ -183,15 +184,6 @@ class PolicyGraph(nn.Module):
             action = torch.minimum(torch.maximum(action, self.low), self.high)
             return action.reshape(action.shape[0], *self.action_shape)
         return action
-
-
-def _tree_of(shapes: Any, parts: Any) -> Any:
-    """The observation tree of `shapes` (rlstore/parts.py), its leaves taken from `parts`."""
-    if isinstance(shapes, dict):
-        return {key: _tree_of(shape, parts) for key, shape in shapes.items()}
-    if isinstance(shapes, tuple) and not all(isinstance(d, int) for d in shapes):
-        return tuple(_tree_of(shape, parts) for shape in shapes)
-    return next(parts)
 
 
 # -- writing the file ---------------------------------------------------------------------

@@ -571,6 +571,30 @@ def test_anneal_lr_fixed_alpha_and_exploration_noise_reach_the_run(logdir):
     assert load_policy(noisy.run_dir).network.exploration_noise == 0.37
 
 
+@pytest.mark.parametrize("algo", ["tqc", "crossq"])
+@pytest.mark.parametrize("anneal_lr", [True, False])
+def test_anneal_lr_reaches_every_optimizer_of_tqc_and_crossq(algo, anneal_lr, logdir):
+    """The shared loop anneals the optimizers the state holds (actor, critics, entropy
+    coefficient) from their own rates, and leaves them alone without --anneal-lr."""
+    seen = {}
+
+    def watch(run):
+        names = ("actor_optimizer", "critic_optimizer", "alpha_optimizer")
+        seen[run.global_step] = [run.state.parts[n].param_groups[0]["lr"] for n in names]
+
+    module, cfg = SETUPS[algo]
+    cfg = replace(
+        cfg,
+        total_timesteps=100,
+        learning_starts=50,
+        anneal_lr=anneal_lr,
+        learning_rate=2e-3,
+        logdir=logdir,
+    )
+    module.train(cfg, callbacks=[Watch(watch)])
+    assert seen[60] == pytest.approx([2e-3 * (0.4 if anneal_lr else 1.0)] * 3)
+
+
 def random_batches(count, size, obs_dim, scale, gamma):
     """`count` replay batches of random transitions, actions in [-scale, scale], about a
     third of them terminated."""

@@ -29,7 +29,7 @@ from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.errors import UsageError
 from rlstore.machine import resolve_device
 from rlstore.parts import as_tensors
-from rlstore.run import Run, TrainingState
+from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBuffer
 
 
@@ -199,17 +199,33 @@ def anneal_learning_rates(
 def collect_and_train(
     run: Run,
     state: TrainingState,
+    cfg: ContinuousOffPolicyConfig,
+    gradient_step: Callable[[int], dict[str, torch.Tensor]],
+    scalars: Callable[[], dict[str, torch.Tensor]] = dict,
+) -> TrainResult:
+    """The run of every algorithm here, from its built state (its replay buffer as the part
+    `buffer`, its optimizers as the parts `NAME_optimizer`): act (random until
+    learning_starts, then the agent's exploring actions) -> step the envs and store -> the
+    learning rates annealed (--anneal-lr) -> the gradient steps due, `gradient_step(number)`
+    each, which returns what it logs -> log the last ones' scalars, with `scalars()`."""
+    buffer = state.parts["buffer"]
+    annealed = [part for name, part in state.parts.items() if name.endswith("_optimizer")]
+    base_rates = [o.param_groups[0]["lr"] for o in annealed]  # (before a resume restores them)
+    with run.start(state):
+        _loop(run, state, buffer, cfg, gradient_step, annealed, base_rates, scalars)
+        return run.finish()
+
+
+def _loop(
+    run: Run,
+    state: TrainingState,
     buffer: ReplayBuffer,
     cfg: ContinuousOffPolicyConfig,
     gradient_step: Callable[[int], dict[str, torch.Tensor]],
     annealed: list[torch.optim.Optimizer],
     base_rates: list[float],
-    scalars: Callable[[], dict[str, torch.Tensor]] = dict,
+    scalars: Callable[[], dict[str, torch.Tensor]],
 ) -> None:
-    """The loop of every algorithm here, inside its `run.start(state)`: act (random until
-    learning_starts, then the agent's exploring actions) -> step the envs and store -> the
-    learning rates annealed (--anneal-lr) -> the gradient steps due, `gradient_step(number)`
-    each, which returns what it logs -> log the last ones' scalars, with `scalars()`."""
     logged: dict[str, torch.Tensor] = {}
     for _ in run.iterations():
         # -- act and store: state.obs is where the envs are ---------------------------------

@@ -305,22 +305,15 @@ def train(
     spec = policy_spec(agent, obs_space, action_space)
     parts = {f"{name}_optimizer": optimizer for name, optimizer in optimizers.items()}
     state = TrainingState(envs, agent, spec, obs, entropy=entropy, buffer=buffer, **parts)
-    annealed = list(optimizers.values())
-    base_rates = [o.param_groups[0]["lr"] for o in annealed]
-    with run.start(state):
-        collect_and_train(
-            run,
-            state,
-            buffer,
-            cfg,
-            lambda number: gradient_step(
-                number, agent, entropy, optimizers, buffer, cfg, target_entropy
-            ),
-            annealed,
-            base_rates,
-            lambda: {"losses/alpha": entropy.alpha},
-        )
-        return run.finish()
+    return collect_and_train(
+        run,
+        state,
+        cfg,
+        lambda number: gradient_step(
+            number, agent, entropy, optimizers, buffer, cfg, target_entropy
+        ),
+        lambda: {"losses/alpha": entropy.alpha},
+    )
 
 
 ALGORITHM = Algorithm(

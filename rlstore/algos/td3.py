@@ -178,20 +178,14 @@ def train(
         actor_optimizer=actor_optimizer,
         critic_optimizer=critic_optimizer,
     )
-    annealed, base_rates = [actor_optimizer, critic_optimizer], [cfg.learning_rate] * 2
-    with run.start(state):
-        collect_and_train(
-            run,
-            state,
-            buffer,
-            cfg,
-            lambda number: gradient_step(
-                number, agent, target, actor_optimizer, critic_optimizer, buffer, cfg
-            ),
-            annealed,
-            base_rates,
-        )
-        return run.finish()
+    return collect_and_train(
+        run,
+        state,
+        cfg,
+        lambda number: gradient_step(
+            number, agent, target, actor_optimizer, critic_optimizer, buffer, cfg
+        ),
+    )
 
 
 ALGORITHM = Algorithm(

@@ -263,22 +263,15 @@ def train(
     state = TrainingState(
         envs, agent, spec, obs, target_critic=target_critic, entropy=entropy, buffer=buffer, **parts
     )
-    annealed = list(optimizers.values())
-    base_rates = [o.param_groups[0]["lr"] for o in annealed]
-    with run.start(state):
-        collect_and_train(
-            run,
-            state,
-            buffer,
-            cfg,
-            lambda number: gradient_step(
-                number, agent, target_critic, entropy, optimizers, buffer, cfg, target_entropy
-            ),
-            annealed,
-            base_rates,
-            lambda: {"losses/alpha": entropy.alpha},
-        )
-        return run.finish()
+    return collect_and_train(
+        run,
+        state,
+        cfg,
+        lambda number: gradient_step(
+            number, agent, target_critic, entropy, optimizers, buffer, cfg, target_entropy
+        ),
+        lambda: {"losses/alpha": entropy.alpha},
+    )
 
 
 ALGORITHM = Algorithm(
