@@ -127,13 +127,21 @@ class GreedyActor:
 
     `path` is the runner from the input to the advantage head. With its parameters in
     host memory the forward runs in numpy on views of them (HostViews); on any other
-    device, or with `use_numpy=False`, it runs in torch.
+    device, or with `use_numpy=False`, it runs in torch. With `outputs_per_action` n > 1
+    the head gives n numbers per action whose mean is Q (a quantile network's quantiles).
     """
 
-    def __init__(self, path: SequentialRunner, use_numpy: bool = True, encoder: Any = None) -> None:
+    def __init__(
+        self,
+        path: SequentialRunner,
+        use_numpy: bool = True,
+        encoder: Any = None,
+        outputs_per_action: int = 1,
+    ) -> None:
         self.path, self.views = path, HostViews(path, use_numpy)
         # the Q-network's parameter-free encoder (rlstore/encoders.py); None: flattened floats
         self.encoder = encoder
+        self.n = outputs_per_action
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         views = self.views()
@@ -141,8 +149,11 @@ class GreedyActor:
             with torch.inference_mode():
                 x = as_tensors(obs, self.views.weight.device)
                 x = x.reshape(x.shape[0], -1).float() if self.encoder is None else self.encoder(x)
-                return self.path(x).argmax(-1).cpu().numpy()
-        return numpy_mlp(host_features(obs, self.encoder), views, tanh=False).argmax(-1)
+                out = self.path(x)
+                q = out if self.n == 1 else out.view(len(out), -1, self.n).mean(-1)
+                return q.argmax(-1).cpu().numpy()
+        out = numpy_mlp(host_features(obs, self.encoder), views, tanh=False)
+        return (out if self.n == 1 else out.reshape(len(out), -1, self.n).sum(-1)).argmax(-1)
 
 
 class HostActorCritic:

@@ -256,7 +256,7 @@ def _backward(x, hidden, views, d_out, path: SequentialRunner, grads: dict, tanh
     for layer in range(len(views) - 1, -1, -1):
         weight_t, _ = views[layer]
         torch_weight, torch_bias = params[layer]
-        grads[torch_weight] = (inputs[layer].T @ d_out).T
+        grads[torch_weight] = d_out.T @ inputs[layer]  # (out, in), contiguous for HostAdam
         grads[torch_bias] = d_out.sum(0)
         if layer:
             d_in = _times_transpose(d_out, weight_t)
@@ -382,17 +382,44 @@ def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
     return plain_in_host_memory(optimizer, torch.optim.Adam, "weight_decay", "amsgrad")
 
 
+def host_td_loss(out, next_out, next_online, batch, cfg) -> tuple:
+    """algos/dqn.py's td_loss (Double DQN, MSE or Huber) on the Q-network's outputs in
+    numpy: Q(s, .) `out`, the target network's Q(s', .) `next_out` and, with Double DQN,
+    the online network's `next_online`. Returns (per-sample loss, its derivative in `out`,
+    TD errors, Q(s, a)), the form HostDQNStep takes a loss in."""
+    B, actions = len(out), batch.actions
+    chooser = next_out if next_online is None else next_online  # Double DQN: the online net
+    next_value = next_out[_rows(B), chooser.argmax(-1)]
+    next_value[batch.terminated] = 0.0
+    td_target = batch.rewards + batch.discounts * next_value
+    q_value = out[_rows(B), actions]
+    error = q_value - td_target
+    if cfg.loss == "huber":  # smooth L1 with beta 1; its gradient is the clipped error
+        magnitude = np.abs(error)
+        elementwise = np.where(magnitude < 1.0, 0.5 * np.square(error), magnitude - 0.5)
+        d_q = np.clip(error, -1.0, 1.0)
+    else:
+        elementwise, d_q = np.square(error), 2 * error
+    d_out = np.zeros_like(out)
+    d_out[_rows(B), actions] = d_q
+    return elementwise, d_out, error.astype(np.float32, copy=False), q_value
+
+
 class HostDQNStep:
     """One DQN gradient step in numpy, for a Q-network MLP without a dueling head in host
-    memory and a torch Adam: algos/dqn.py's td_loss (Double DQN, MSE or Huber, PER
-    weights) with its gradient by hand, then clipping and Adam as HostPPOStep. It takes a
-    batch of numpy arrays (ReplayBuffer.sample_host) and returns (loss, TD errors, Q(s, a))
-    as td_loss does."""
+    memory and a torch Adam: a loss on the network's outputs with its gradient by hand
+    (`loss`: host_td_loss, algos/dqn.py's td_loss, unless a variant brings its own), PER
+    weights, backpropagation through the MLP, then clipping and Adam as HostPPOStep. It
+    takes a batch of numpy arrays (ReplayBuffer.sample_host) and returns (loss, priority
+    errors, Q(s, a)) as the torch loss does."""
 
-    def __init__(self, q_network: nn.Module, target_network: nn.Module, optimizer) -> None:
+    def __init__(
+        self, q_network: nn.Module, target_network: nn.Module, optimizer, loss=host_td_loss
+    ) -> None:
         self.q_path, self.encoder = q_network.advantage_path, q_network.encoder
         self.online, self.target = HostViews(self.q_path), HostViews(target_network.advantage_path)
         self.adam = HostAdam.of(optimizer)
+        self.loss = loss
 
     @staticmethod
     def supports(q_network: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
@@ -406,35 +433,17 @@ class HostDQNStep:
             host_features(batch.obs, self.encoder),
             host_features(batch.next_obs, self.encoder),
         )
-        B, actions = len(obs), batch.actions
-        next_q = _forward(next_obs, target, tanh=False)[1]
-        if cfg.double_dqn:
-            next_action = _forward(next_obs, online, tanh=False)[1].argmax(-1)
-            next_value = next_q[_rows(B), next_action]
-        else:
-            next_value = next_q.max(-1)
-        next_value[batch.terminated] = 0.0
-        td_target = batch.rewards + batch.discounts * next_value
-        hidden, q = _forward(obs, online, tanh=False)
-        q_value = q[_rows(B), actions]
-        error = q_value - td_target
-        if cfg.loss == "huber":  # smooth L1 with beta 1; its gradient is the clipped error
-            magnitude = np.abs(error)
-            elementwise = np.where(magnitude < 1.0, 0.5 * np.square(error), magnitude - 0.5)
-            d_q = np.clip(error, -1.0, 1.0)
-        else:
-            elementwise, d_q = np.square(error), 2 * error
-        weights = batch.weights if cfg.prioritized else None
-        if weights is not None:
-            elementwise, d_q = weights * elementwise, weights * d_q
-        d_out = np.zeros_like(q)
-        d_out[_rows(B), actions] = d_q / B
+        next_out = _forward(next_obs, target, tanh=False)[1]
+        next_online = _forward(next_obs, online, tanh=False)[1] if cfg.double_dqn else None
+        hidden, out = _forward(obs, online, tanh=False)
+        elementwise, d_out, priority_error, q_value = self.loss(
+            out, next_out, next_online, batch, cfg
+        )
+        if cfg.prioritized:
+            elementwise, d_out = batch.weights * elementwise, batch.weights[:, None] * d_out
+        d_out /= len(obs)
         grads: dict = {}
         _backward(obs, hidden, online, d_out, self.q_path, grads, tanh=False)
         self.adam.step(grads, cfg.max_grad_norm)
-        loss = torch.tensor(float(elementwise.mean()))
-        return (
-            loss,
-            torch.from_numpy(error.astype(np.float32, copy=False)),
-            torch.from_numpy(q_value),
-        )
+        loss = torch.from_numpy(np.asarray(elementwise.mean()))
+        return loss, torch.from_numpy(priority_error), torch.from_numpy(q_value)

@@ -31,7 +31,7 @@ from rlstore.encoders import (  # noqa: F401 (nature_cnn: tests import it here)
     layer_init,
     nature_cnn,
 )
-from rlstore.host_networks import LOG_SQRT_2PI, HostActorCritic, SequentialRunner
+from rlstore.host_networks import LOG_SQRT_2PI, GreedyActor, HostActorCritic, SequentialRunner
 from rlstore.parts import as_tensors
 
 
@@ -405,6 +405,13 @@ class QNetwork(nn.Module):
             q = self.advantage_path(self.encoder(as_tensors(obs, device)))
             allowed = None if masks is None else torch.as_tensor(masks, device=device)
             return masked_q(q, allowed).argmax(-1).cpu().numpy()
+
+    def greedy_actor(self) -> GreedyActor | None:
+        """greedy_action without masks in numpy (a fast path), where the encoder has a
+        numpy twin; None elsewhere."""
+        if not hasattr(self.encoder, "host"):
+            return None
+        return GreedyActor(self.advantage_path, encoder=self.encoder)
 
     def spec_args(self) -> dict:
         return {

@@ -365,3 +365,98 @@ def test_qrdqn_with_many_quantiles_takes_the_sorted_loss_and_the_same_gradient(
     torch.testing.assert_close(fast_per_sample, per_sample, rtol=1e-6, atol=1e-7)
     for fast, plain in zip(fast_grads, grads, strict=True):
         torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "prioritized, double_dqn, max_grad_norm", [(False, False, None), (True, True, 0.5)]
+)
+def test_qrdqn_host_gradient_steps_equal_the_torch_steps(prioritized, double_dqn, max_grad_norm):
+    """gradient_step with HostDQNStep and QR-DQN's numpy loss (host_quantile_loss) and
+    with the torch loss: five steps from the same weights on the same replay, the same
+    losses, Q(s, a), parameters and (with PER) priorities, up to rounding. Rewards of
+    several units put the pairs on both sides of the Huber loss's kink; terminations and
+    truncations are in the replay."""
+    import gymnasium as gym
+
+    from rlstore.algos import dqn, qrdqn
+    from rlstore.host_updates import HostDQNStep
+    from rlstore.storage.replay import ReplayBuffer
+
+    obs_dim, actions = 4, 3
+    cfg = qrdqn.QRDQNConfig(
+        n_quantiles=7,
+        q_hidden=(16, 16),
+        batch_size=32,
+        prioritized=prioritized,
+        double_dqn=double_dqn,
+        max_grad_norm=max_grad_norm,
+        learning_rate=1e-2,
+    )
+    assert qrdqn.host_loss(cfg) is qrdqn.host_quantile_loss
+    space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+    torch.manual_seed(3)
+    q, target = (qrdqn.build_network(cfg, space, actions) for _ in range(2))
+    twin, twin_target = copy.deepcopy(q), copy.deepcopy(target)
+    opt, twin_opt = (
+        torch.optim.Adam(n.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps(), fused=True)
+        for n in (q, twin)
+    )
+    assert HostDQNStep.supports(q, opt)
+    buffers = [ReplayBuffer(200, 2, (obs_dim,), prioritized=prioritized, seed=3) for _ in range(2)]
+    rng = np.random.default_rng(4)
+    obs = rng.normal(size=(2, obs_dim)).astype(np.float32)
+    for _ in range(150):
+        next_obs = rng.normal(size=(2, obs_dim)).astype(np.float32)
+        step = (
+            rng.integers(0, actions, 2),
+            3 * rng.normal(size=2),
+            next_obs,
+            rng.random(2) < 0.1,
+            rng.random(2) < 0.05,
+        )
+        for buffer in buffers:
+            buffer.add(obs, *step)
+        obs = next_obs
+    host_step = HostDQNStep(q, target, opt, qrdqn.host_quantile_loss)
+    for _ in range(5):
+        loss, q_value = dqn.gradient_step(q, target, opt, buffers[0], 0.4, cfg, host_step)
+        twin_loss, twin_q = dqn.gradient_step(
+            twin, twin_target, twin_opt, buffers[1], 0.4, cfg, None, qrdqn.quantile_loss
+        )
+        torch.testing.assert_close(loss, twin_loss.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(q_value, twin_q, rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(q.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
+    if prioritized:
+        np.testing.assert_allclose(
+            buffers[0].priorities.tree.leaves, buffers[1].priorities.tree.leaves, rtol=1e-4
+        )
+
+
+def test_qrdqn_takes_the_host_step_below_the_sorted_loss_only(monkeypatch, tmp_path):
+    """A QR-DQN run takes its gradient steps in numpy with few quantiles on an MLP, and in
+    torch from SORTED_LOSS_FROM quantiles, with a dueling head, or with --fast-paths off."""
+    from rlstore.algos import qrdqn
+
+    calls, host_quantile_loss = [], qrdqn.host_quantile_loss
+    monkeypatch.setattr(
+        qrdqn, "host_quantile_loss", lambda *args: calls.append(1) or host_quantile_loss(*args)
+    )
+    common = dict(
+        env_id="CartPole-v1",
+        total_timesteps=300,
+        learning_starts=100,
+        logdir=str(tmp_path),
+        capture_video=False,
+        q_hidden=(8,),
+    )
+    runs = [
+        (dict(n_quantiles=5), True),
+        (dict(n_quantiles=qrdqn.SORTED_LOSS_FROM), False),
+        (dict(n_quantiles=5, dueling=True), False),
+        (dict(n_quantiles=5, fast_paths="off"), False),
+    ]
+    for i, (options, host) in enumerate(runs):
+        calls.clear()
+        qrdqn.train(qrdqn.QRDQNConfig(seed=i, **common, **options))
+        assert bool(calls) == host, options

@@ -875,3 +875,36 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
     assert called == [] and set(kinds) == {gym.vector.SyncVectorEnv}
     train("auto")
     assert called and set(kinds) == {LeanSyncVectorEnv}
+
+
+@pytest.mark.parametrize("use_numpy", [True, False])
+def test_greedy_actor_of_a_quantile_network_picks_the_argmax_of_the_quantiles_mean(use_numpy):
+    """QR-DQN's network: GreedyActor with outputs_per_action (its quantiles) picks the
+    argmax of greedy_action's Q, the mean of each action's quantiles; the networks a mean of
+    outputs is not Q for (C51's atoms, a dueling or noisy head) have no such actor."""
+    import gymnasium as gym
+
+    from rlstore.algos._distributional import DistributionalQNetwork
+    from rlstore.encoders import encoder_for
+
+    space = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
+    torch.manual_seed(4)
+    network = DistributionalQNetwork(5, "quantile", 7, (32, 32), encoder_for(space))
+    actor = network.greedy_actor()
+    if not use_numpy:
+        actor = GreedyActor(network.advantage_path, False, network.encoder, 7)
+    rng = np.random.default_rng(4)
+    for rows in (1, 4, 256):
+        obs = rng.normal(size=(rows, 6)).astype(np.float32) * 3
+        with torch.no_grad():
+            q = network.q_values(torch.from_numpy(obs)).numpy()
+        top2 = np.sort(q, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-4
+        actions = actor(obs)
+        assert actions.dtype == np.int64 and actions.shape == (rows,)
+        np.testing.assert_array_equal(actions[clear], q.argmax(-1)[clear])
+        assert clear.mean() > 0.9
+    for options in (dict(kind="categorical"), dict(dueling=True), dict(noisy=True)):
+        kind = options.pop("kind", "quantile")
+        other = DistributionalQNetwork(5, kind, 7, (32, 32), encoder_for(space), **options)
+        assert other.greedy_actor() is None

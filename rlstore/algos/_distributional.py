@@ -21,6 +21,7 @@ from rlstore.action_heads import masked_q
 from rlstore.algos.dqn import QLearningConfig
 from rlstore.config import Positive
 from rlstore.encoders import description_of_spec, encoder_from_description
+from rlstore.host_networks import GreedyActor, SequentialRunner
 from rlstore.parts import as_tensors
 
 
@@ -129,6 +130,8 @@ class DistributionalQNetwork(nn.Module):
 
         self.advantage = stream(num_actions * n)
         self.value = stream(n) if dueling else None
+        if not noisy:  # the plain MLP, for numpy gradient steps (rlstore/host_updates.py)
+            self.advantage_path = SequentialRunner([*self.body, *self.advantage])
         self.register_buffer("support", torch.linspace(self.v_min, self.v_max, n))
 
     def forward(self, obs: Any) -> torch.Tensor:
@@ -157,6 +160,14 @@ class DistributionalQNetwork(nn.Module):
             q = self.q_values(as_tensors(obs, device))
             allowed = None if masks is None else torch.as_tensor(masks, device=device)
             return masked_q(q, allowed).argmax(-1).cpu().numpy()
+
+    def greedy_actor(self) -> GreedyActor | None:
+        """greedy_action without masks in numpy (a fast path), for a plain quantile MLP
+        (the argmax of the quantiles' mean) whose encoder has a numpy twin; None elsewhere."""
+        plain = self.kind == "quantile" and not self.dueling and not self.noisy
+        if not plain or not hasattr(self.encoder, "host"):
+            return None
+        return GreedyActor(self.advantage_path, encoder=self.encoder, outputs_per_action=self.n)
 
     def reset_noise(self) -> None:
         """New noise in every noisy layer (none without `noisy`)."""

@@ -16,7 +16,7 @@ import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -42,8 +42,7 @@ from rlstore.config import Bound, Count, Fraction, NonNegativeInt, Positive, che
 from rlstore.encoders import encoder_for, stored_dtype, stored_shape
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
-from rlstore.host_networks import GreedyActor
-from rlstore.host_updates import HostDQNStep
+from rlstore.host_updates import HostDQNStep, host_td_loss
 from rlstore.lean import LeanDQNStep
 from rlstore.machine import resolve_device
 from rlstore.masks import masks_of
@@ -154,6 +153,10 @@ class QVariant:
 
     network: Callable[[QLearningConfig, gym.Space, int], nn.Module]
     loss: Loss
+    host_loss: Callable[[Any], Callable | None] | None = None
+    """`host_loss(cfg)`: the same loss on the network's outputs in numpy, the form
+    HostDQNStep takes (rlstore/host_updates.py's host_td_loss is DQN's), or None where the
+    torch loss is the faster for that config."""
 
 
 def td_loss(
@@ -295,10 +298,8 @@ def train(
     frames = is_frame_stack(obs_space)  # Atari: the Nature CNN, each frame stored once
     if variant is not None:
         q_network = variant.network(cfg, obs_space, num_actions).to(device)
-        greedy_actions = q_network.greedy_action
     elif frames:
         q_network = CnnQNetwork(obs_space.shape, num_actions, cfg.dueling).to(device)
-        greedy_actions = q_network.greedy_action
     else:
         encoder = encoder_for(obs_space, image_options(cfg))
         q_network = QNetwork(
@@ -309,10 +310,10 @@ def train(
             fast=cfg.use_fast_paths,
             encoder=encoder,
         ).to(device)
-        greedy_actions = q_network.greedy_action
-        if cfg.use_fast_paths and hasattr(q_network.encoder, "host") and masks is None:
-            # the same argmax in numpy (rlstore/host_networks.py)
-            greedy_actions = GreedyActor(q_network.advantage_path, encoder=q_network.encoder)
+    greedy_actions = q_network.greedy_action
+    if cfg.use_fast_paths and masks is None and hasattr(q_network, "greedy_actor"):
+        # the same argmax in numpy (rlstore/host_networks.py), where the network has it
+        greedy_actions = q_network.greedy_actor() or greedy_actions
     target_network = copy.deepcopy(q_network)
     optimizer = torch.optim.Adam(
         q_network.parameters(), lr=cfg.learning_rate, eps=cfg.optimizer_eps(), fused=True
@@ -339,8 +340,9 @@ def train(
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
     # (rlstore/host_updates.py); it takes no masks
     fast = cfg.use_fast_paths and buffer.device.type == "cpu" and masks is None
-    fast = fast and variant is None and HostDQNStep.supports(q_network, optimizer)
-    fast_step = HostDQNStep(q_network, target_network, optimizer) if fast else None
+    host_loss = host_td_loss if variant is None else variant.host_loss and variant.host_loss(cfg)
+    fast = fast and host_loss is not None and HostDQNStep.supports(q_network, optimizer)
+    fast_step = HostDQNStep(q_network, target_network, optimizer, host_loss) if fast else None
     loss_of = td_loss if variant is None else variant.loss
     obs, _ = envs.reset(seed=cfg.seed)
     spec = policy_spec(q_network, obs_space, action_space, masks and masks.source)
