@@ -1,4 +1,5 @@
-"""sb3-contrib's CrossQ and QRDQN at the settings of rlstore's suite rows, seeds 1-3,
+"""sb3-contrib's CrossQ and QRDQN at the settings of rlstore's suite rows, seeds 1-3 (or
+--seeds: those runs join the seeds run before at the same settings),
 scored as the rows score them, so that a row off its band can be set beside the
 reference library at the same settings and seeds:
 - CrossQ at the RL Zoo's crossq presets (`rlstore benchmark continuous-methods`'
@@ -9,7 +10,7 @@ reference library at the same settings and seeds:
 
     pip install -e ".[bench]"
     python scripts/sb3_reference.py crossq Pendulum-v1           # writes results/sb3-reference.*
-    python scripts/sb3_reference.py qrdqn MountainCar-v0
+    python scripts/sb3_reference.py qrdqn MountainCar-v0 --seeds 1 2 3 4 5 6 7 8 9 10
     python scripts/sb3_reference.py crossq LunarLanderContinuous-v3    # hours a seed on a CPU
 
 One process, one torch thread (as each suite run); SB3's own env handling (time limits
@@ -128,20 +129,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("algo", choices=sorted({a for a, _ in SETTINGS}))
     parser.add_argument("env")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     args = parser.parse_args()
     if (args.algo, args.env) not in SETTINGS:
         known = ", ".join(e for a, e in SETTINGS if a == args.algo)
         parser.error(f"no settings for {args.algo} on {args.env}; choose one of {known}")
-    runs = [train(args.algo, args.env, seed) for seed in (1, 2, 3)]
+    runs = [train(args.algo, args.env, seed) for seed in args.seeds]
     path = OUT.with_suffix(".json")  # read after the runs: another may have written since
     results = json.loads(path.read_text()) if path.exists() else {}
-    results[f"{args.algo} {args.env}"] = {"settings": SETTINGS[args.algo, args.env], "runs": runs}
+    key = f"{args.algo} {args.env}"
+    # the seeds run before, under the same settings, are kept beside these
+    earlier = results.get(key, {"settings": SETTINGS[args.algo, args.env], "runs": []})
+    if earlier["settings"] != SETTINGS[args.algo, args.env]:
+        earlier["runs"] = []
+    kept = [run for run in earlier["runs"] if run["seed"] not in args.seeds]
+    runs = sorted(kept + runs, key=lambda run: run["seed"])
+    results[key] = {"settings": SETTINGS[args.algo, args.env], "runs": runs}
     path.write_text(json.dumps(results) + "\n")
     lines = [
         "# sb3-contrib at the settings of rlstore's suite rows (scripts/sb3_reference.py)",
         "",
         "`python scripts/sb3_reference.py ALGO ENV`: sb3-contrib's CrossQ and QRDQN at the RL",
-        "Zoo's presets (the settings of rlstore's rows), seeds 1-3, scored as those rows",
+        "Zoo's presets (the settings of rlstore's rows), the rows' seeds, scored as those rows",
         "score. The data: sb3-reference.json.",
         "",
         "| algorithm | env | steps | score | per seed | mean +- std | reached at, per seed |",
