@@ -99,16 +99,24 @@ def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
             )
 
 
-def auto_threads(cnn: bool) -> int:
+# A weight matrix this large (CrossQ's 1024-1024 critics) makes an MLP's products worth a
+# second thread even under the passive wait policy: CrossQ on HalfCheetah-v4 alone 19
+# against 14 steps/s; TQC's 512-wide critics (50 -> 33) and SAC's 256-wide (94 -> 61) are
+# slower with it (docs/maintainers/fast-paths.md).
+WIDE_MATRIX = 1024 * 1024
+
+
+def auto_threads(cnn: bool, widest_matrix: int = 0) -> int:
     """--torch-threads auto: one thread for MLPs (under the passive wait policy a second slows
     them down, SAC's 256-256 included; spinning threads would speed a lone SAC run up and
     collapse shared ones: docs/maintainers/fast-paths.md); for a CNN policy (Atari), whose
-    convolutions do gain from more, the cores divided by the runs that share them:
+    convolutions do gain from more, or an MLP with a weight matrix of WIDE_MATRIX weights or
+    more (`widest_matrix`), the cores divided by the runs that share them:
     RLSTORE_RUNS_AT_ONCE, which the executors of `rlstore benchmark` and `rlstore sweep` set
     (1 for a run started by hand). Idle threads sleep (OMP_WAIT_POLICY=PASSIVE, set in
     rlstore/__init__.py), so runs started by hand side by side do not collapse either
     (docs/guides/atari.md)."""
-    if not cnn:
+    if not cnn and widest_matrix < WIDE_MATRIX:
         return 1
     cores = available_cores()
     try:

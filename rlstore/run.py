@@ -138,6 +138,15 @@ class TrainingState:
             state["obs"] = map_parts(lambda part: torch.from_numpy(np.array(part)), self.obs)
         return state | {name: part.state_dict() for name, part in self.parts.items()}
 
+    def widest_matrix(self) -> int:
+        """The most weights in one weight matrix of the policy or of what the optimizers
+        train (a separate critic's, say)."""
+        params = list(self.policy.parameters())
+        for part in self.parts.values():
+            if isinstance(part, torch.optim.Optimizer):
+                params += [p for group in part.param_groups for p in group["params"]]
+        return max((p.numel() for p in params if p.dim() == 2), default=0)
+
     def load_state_dict(self, state: dict[str, Any], seed: int) -> bool:
         """Restore; False when the envs could not be saved and were reset instead."""
         self.policy.load_state_dict(state["model"])
@@ -199,7 +208,8 @@ class Run:
         check_writable_dir(Path(cfg.logdir) if resume_dir is None else Path(resume_dir))
         if cfg.use_fast_paths:
             skip_dynamo_import()  # before any optimizer exists
-        threads = auto_threads(is_atari(spec)) if cfg.torch_threads == "auto" else cfg.torch_threads
+        self._cnn = is_atari(spec)
+        threads = auto_threads(self._cnn) if cfg.torch_threads == "auto" else cfg.torch_threads
         torch.set_num_threads(threads)
         # numpy's BLAS too (the numpy fast paths): its threads would spin on shared cores
         # just as torch's do; given back in close()
@@ -251,6 +261,8 @@ class Run:
 
     def _start(self, state: TrainingState) -> Run:
         cfg, self.state = self.cfg, state
+        if cfg.torch_threads == "auto":  # the networks are built now: how wide they are
+            torch.set_num_threads(auto_threads(self._cnn, state.widest_matrix()))
         if cfg.eval_every:
             self.evaluator = Evaluator(self.algo, dataclasses.asdict(cfg), self.dir, None)
         if self.resume_dir is not None:

@@ -152,14 +152,17 @@ def test_progress_shows_the_time_left(monkeypatch, capsys):
 def test_auto_threads_one_for_mlps_the_cores_for_cnns_which_wait_passively(monkeypatch):
     import os
 
-    from rlstore.machine import auto_threads
+    from rlstore.machine import WIDE_MATRIX, auto_threads
 
     cores = len(os.sched_getaffinity(0))
     monkeypatch.delenv("RLSTORE_RUNS_AT_ONCE", raising=False)
     assert auto_threads(cnn=False) == 1
     assert auto_threads(cnn=True) == cores  # a run started by hand: every core
+    assert auto_threads(cnn=False, widest_matrix=WIDE_MATRIX) == cores  # CrossQ's critics
+    assert auto_threads(cnn=False, widest_matrix=WIDE_MATRIX - 1) == 1
     monkeypatch.setenv("RLSTORE_RUNS_AT_ONCE", str(cores))  # an executor's worker
     assert auto_threads(cnn=True) == 1 and auto_threads(cnn=False) == 1
+    assert auto_threads(cnn=False, widest_matrix=WIDE_MATRIX) == 1
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     probe = "import os, rlstore, torch; print(os.environ['OMP_WAIT_POLICY'])"
     said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
@@ -266,3 +269,33 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, mon
         "CartPole-v1__ppo__1__1700000000_3",
     ]
     assert all((p / "config.json").read_text() == "{}" for p in taken)  # untouched
+
+
+@pytest.mark.parametrize("critic_width, wide", [(32, False), (1024, True)])
+def test_auto_threads_count_the_widest_matrix_a_run_trains(
+    critic_width, wide, tmp_path, monkeypatch
+):
+    """A run resolves --torch-threads auto again once its networks exist: CrossQ's default
+    1024-1024 critics (in the critic optimizer, beside a 256-wide actor) take the cores of a
+    run started by hand, narrow ones one thread; config.json records it."""
+    import os
+
+    from rlstore.algos import crossq
+
+    monkeypatch.delenv("RLSTORE_RUNS_AT_ONCE", raising=False)
+    cfg = crossq.CrossQConfig(
+        env_id="Pendulum-v1",
+        total_timesteps=40,
+        learning_starts=30,
+        batch_size=8,
+        critic_hidden=(critic_width, critic_width),
+        logdir=str(tmp_path),
+    )
+    before = torch.get_num_threads()
+    try:
+        result = crossq.train(cfg)
+        config = json.loads((Path(result.run_dir) / "config.json").read_text())
+    finally:
+        torch.set_num_threads(before)
+    cores = len(os.sched_getaffinity(0))
+    assert config["resolved"]["torch_threads"] == (cores if wide else 1)
