@@ -12,6 +12,7 @@ import torch
 from extras import needs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from replay_twins import twin_buffers
 
 from rlstore.algos._distributional import (
     DistributionalQNetwork,
@@ -380,7 +381,6 @@ def test_qrdqn_host_gradient_steps_equal_the_torch_steps(prioritized, double_dqn
 
     from rlstore.algos import dqn, qrdqn
     from rlstore.host_updates import HostDQNStep
-    from rlstore.storage.replay import ReplayBuffer
 
     obs_dim, actions = 4, 3
     cfg = qrdqn.QRDQNConfig(
@@ -402,21 +402,7 @@ def test_qrdqn_host_gradient_steps_equal_the_torch_steps(prioritized, double_dqn
         for n in (q, twin)
     )
     assert HostDQNStep.supports(q, opt)
-    buffers = [ReplayBuffer(200, 2, (obs_dim,), prioritized=prioritized, seed=3) for _ in range(2)]
-    rng = np.random.default_rng(4)
-    obs = rng.normal(size=(2, obs_dim)).astype(np.float32)
-    for _ in range(150):
-        next_obs = rng.normal(size=(2, obs_dim)).astype(np.float32)
-        step = (
-            rng.integers(0, actions, 2),
-            3 * rng.normal(size=2),
-            next_obs,
-            rng.random(2) < 0.1,
-            rng.random(2) < 0.05,
-        )
-        for buffer in buffers:
-            buffer.add(obs, *step)
-        obs = next_obs
+    buffers = twin_buffers(obs_dim, actions, prioritized, seed=4, reward_scale=3.0)
     host_step = HostDQNStep(q, target, opt, qrdqn.host_quantile_loss)
     for _ in range(5):
         loss, q_value = dqn.gradient_step(q, target, opt, buffers[0], 0.4, cfg, host_step)

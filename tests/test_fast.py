@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from extras import requires_extra
+from replay_twins import twin_buffers
 from tiny_runs import Watch
 from torch import nn
 from torch.distributions import Categorical, Normal
@@ -737,7 +738,6 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
 
     from rlstore.algos.dqn import DQNConfig, gradient_step
     from rlstore.host_updates import HostDQNStep
-    from rlstore.storage.replay import ReplayBuffer
 
     cfg = DQNConfig(
         batch_size=32,
@@ -750,21 +750,7 @@ def test_dqn_gradient_step_is_the_same_with_and_without_its_fast_step(prioritize
     q, target = QNetwork(4, 3), QNetwork(4, 3)
     twin, twin_target = copy.deepcopy(q), copy.deepcopy(target)
     opt, twin_opt = (torch.optim.Adam(n.parameters(), lr=1e-2, fused=True) for n in (q, twin))
-    buffers = [ReplayBuffer(200, 2, (4,), prioritized=prioritized, seed=3) for _ in range(2)]
-    rng = np.random.default_rng(16)
-    obs = rng.normal(size=(2, 4)).astype(np.float32)
-    for _ in range(150):
-        next_obs = rng.normal(size=(2, 4)).astype(np.float32)
-        step = (
-            rng.integers(0, 3, 2),
-            rng.normal(size=2),
-            next_obs,
-            rng.random(2) < 0.1,
-            rng.random(2) < 0.05,
-        )
-        for buffer in buffers:
-            buffer.add(obs, *step)
-        obs = next_obs
+    buffers = twin_buffers(4, 3, prioritized, seed=16)
     fast_step = HostDQNStep(q, target, opt)
     for _ in range(5):
         loss, q_value = gradient_step(q, target, opt, buffers[0], 0.4, cfg, fast_step)
