@@ -11,6 +11,7 @@ reference library at the same settings and seeds:
     pip install -e ".[bench]"
     python scripts/sb3_reference.py crossq Pendulum-v1           # writes results/sb3-reference.*
     python scripts/sb3_reference.py qrdqn MountainCar-v0 --seeds 1 2 3 4 5 6 7 8 9 10
+    python scripts/sb3_reference.py qrdqn CartPole-v1 --seeds 1 2 3 4 5 6 7 8 9 10
     python scripts/sb3_reference.py crossq LunarLanderContinuous-v3    # hours a seed on a CPU
 
 One process, one torch thread (as each suite run); SB3's own env handling (time limits
@@ -35,6 +36,21 @@ SETTINGS = {
     ),
     ("crossq", "LunarLanderContinuous-v3"): dict(
         steps=200_000, threshold=200, learning_starts=10_000
+    ),
+    ("qrdqn", "CartPole-v1"): dict(
+        steps=50_000,
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        gamma=0.99,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        net_arch=[256, 256],
+        n_quantiles=10,
     ),
     ("qrdqn", "MountainCar-v0"): dict(
         steps=120_000,
