@@ -99,10 +99,9 @@ def check_memory(needed: dict[torch.device, int], what: str, fix: str) -> None:
             )
 
 
-# A weight matrix this large (CrossQ's 1024-1024 critics) makes an MLP's products worth a
-# second thread even under the passive wait policy: CrossQ on HalfCheetah-v4 alone 19
-# against 14 steps/s; TQC's 512-wide critics (50 -> 33) and SAC's 256-wide (94 -> 61) are
-# slower with it (docs/maintainers/fast-paths.md).
+# A weight matrix this large (1024 x 1024 critics) makes an MLP's products worth a second
+# thread even under the passive wait policy; 512- and 256-wide networks run slower with it
+# (the measurements: docs/maintainers/fast-paths.md, "Threads").
 WIDE_MATRIX = 1024 * 1024
 
 
