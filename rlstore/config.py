@@ -188,7 +188,7 @@ class CommonConfig:
 
 class Rollouts:
     """Iterations of whole rollouts of num_envs x num_steps env steps, for a config that has
-    num_steps (PPO, A2C, ppo_lstm, PQN): listed before CommonConfig among the bases, so that
+    num_steps (the on-policy loops'): listed before CommonConfig among the bases, so that
     its iteration_steps and steps_run are the ones used."""
 
     @property

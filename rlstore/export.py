@@ -10,8 +10,8 @@ it (mode or greedy action, shifted by the space's start, clipped to a Box's boun
 space's shape and dtype). Every input and output has a batch axis first. A policy trained
 under action masks takes `action_mask`; a recurrent one takes its LSTM `state` (zeros at an
 episode's start) and gives `next_state`. With `values`, it also gives V (`value`) or the
-Q-values (`q_values`): of every action for a Q-network, of the twin critics at the
-policy's action for SAC, TD3, DDPG, TQC and CrossQ.
+Q-values (`q_values`): of every action for a Q-network, of the critics at the policy's
+action for an actor-critic with critics (SAC's kind).
 
 The graph is PolicyGraph, a torch module over the policy's network, exported by
 torch.onnx (its torch.export-based exporter) or traced by torch.jit; tests/test_export.py
