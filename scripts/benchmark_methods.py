@@ -16,7 +16,8 @@ Settings (the same on both sides):
   told n_critics=5; CrossQ: 256-256 actor, 1024-1024 critics, actor every 3rd step), learning
   from step 100, --steps-continuous steps: matrix products dominate. Their floor: the FLOPs
   of one gradient step's matrix products at this machine's measured product rate (torch,
-  one thread, as rlstore's `--torch-threads auto` runs an MLP), as env steps/s.
+  at the threads rlstore's `--torch-threads auto` gives a lone run: one for TQC's 256-wide
+  critics, the cores for CrossQ's 1024-wide ones), as env steps/s.
 
 Writes results/benchmark-methods.md and .json.
 """
@@ -183,10 +184,14 @@ def floor_child(algo: str) -> None:
     import numpy as np
     import torch
 
-    torch.set_num_threads(1)
+    from rlstore.machine import auto_threads
+
     env = gym.make(ENVS[algo])
     obs_dim, action_dim = (int(np.prod(s.shape)) for s in (env.observation_space, env.action_space))
     size = 1024 if algo == "crossq" else 256
+    # at the threads `--torch-threads auto` gives a lone run of these critics
+    threads = auto_threads(cnn=False, widest_matrix=size * size)
+    torch.set_num_threads(threads)
     a, b = torch.randn(512 if algo == "crossq" else 256, size), torch.randn(size, size)
     for _ in range(20):
         a @ b
@@ -198,7 +203,8 @@ def floor_child(algo: str) -> None:
         times.append((time.perf_counter() - start) / 50)
     rate = 2 * a.shape[0] * size * size / statistics.median(times)
     flops = step_flops(algo, obs_dim, action_dim)
-    print("RESULT " + json.dumps({"gflops_per_s": rate / 1e9, "step_gflop": flops / 1e9}))
+    result = {"gflops_per_s": rate / 1e9, "step_gflop": flops / 1e9, "threads": threads}
+    print("RESULT " + json.dumps(result))
 
 
 def floor(algo: str) -> dict:
@@ -289,18 +295,20 @@ def write(args: argparse.Namespace, runs: list[dict], floors: dict) -> None:
     if floors:
         lines += [
             "",
-            "The update's floor (one thread): FLOPs of one gradient step's matrix products at the "
-            "measured product rate; rlstore alone (K = 1) as a fraction of it.",
+            "The update's floor: FLOPs of one gradient step's matrix products at the product "
+            "rate measured at the threads `--torch-threads auto` gives a lone run; rlstore "
+            "alone (K = 1) as a fraction of it.",
             "",
-            "| algorithm | GFLOP per step | GFLOP/s | floor steps/s | rlstore steps/s | of floor |",
-            "|---|---|---|---|---|---|",
+            "| algorithm | threads | GFLOP per step | GFLOP/s | floor steps/s | rlstore steps/s "
+            "| of floor |",
+            "|---|---|---|---|---|---|---|",
         ]
         for algo, f in floors.items():
             ours = aggregate("rlstore", algo, 1)
             share = "-" if ours is None else f"{ours / f['floor_sps']:.0%}"
             lines.append(
-                f"| {algo} | {f['step_gflop']:.2f} | {f['gflops_per_s']:.1f} | "
-                f"{f['floor_sps']:.1f} | {fmt(ours)} | {share} |"
+                f"| {algo} | {f.get('threads', 1)} | {f['step_gflop']:.2f} | "
+                f"{f['gflops_per_s']:.1f} | {f['floor_sps']:.1f} | {fmt(ours)} | {share} |"
             )
     text = "\n".join(lines) + "\n"
     print("\n" + text)
