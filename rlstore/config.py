@@ -65,7 +65,8 @@ class CommonConfig:
     torch_threads: Count | Literal["auto"] = "auto"
     """Torch intra-op threads of this process, and numpy's BLAS threads. auto: 1 for MLP
     policies (under the passive wait policy a second one slows them down); for CNN policies
-    (Atari) every core, divided among the runs of a suite or sweep; idle threads sleep, so
+    (Atari) and networks with a 1024 x 1024 weight matrix or larger, torch gets every core,
+    divided among the runs of a suite or sweep; idle threads sleep, so
     that runs sharing the cores do not collapse (docs/guides/atari.md). A number overrides
     it."""
     vectorization: Literal["auto", "native", "sync", "async"] = "auto"
