@@ -67,22 +67,17 @@ def sb3_child(algo: str, steps: int, seed: int) -> None:
     from stable_baselines3.common.logger import Logger
 
     if algo == "qrdqn":  # the zoo's CartPole-v1 values, as configs/qrdqn/CartPole-v1.toml
+        from sb3_reference import SETTINGS  # (this folder's; they are written there once)
+
+        settings = {k: v for k, v in SETTINGS["qrdqn", "CartPole-v1"].items() if k != "steps"}
+        policy_kwargs = {k: settings.pop(k) for k in ("net_arch", "n_quantiles")}
         model = QRDQN(
             "MlpPolicy",
             "CartPole-v1",
-            learning_rate=2.3e-3,
-            batch_size=64,
-            buffer_size=100_000,
-            learning_starts=1000,
-            gamma=0.99,
-            target_update_interval=10,
-            train_freq=256,
-            gradient_steps=128,
-            exploration_fraction=0.16,
-            exploration_final_eps=0.04,
-            policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10),
+            policy_kwargs=policy_kwargs,
             seed=seed,
             device="cpu",
+            **settings,
         )
     elif algo == "tqc":  # rlstore's defaults: sb3-contrib's with the paper's five critics
         model = TQC(
