@@ -26,8 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rlstore.errors import UsageError
 from rlstore.executor import LocalExecutor, RayExecutor, RunSpec, check_workers, read_summary
 from rlstore.locks import DirectoryLock, holder
@@ -80,25 +78,29 @@ class RunProgress:
     algo: str
     steps: int  # asked
     done: int
-    steps_per_second: float | None  # its own, so far (None: not begun)
+    seconds: float  # the wall seconds its `done` steps took (0: not begun or not timed)
 
 
 def core_hours_left(runs: Sequence[RunProgress]) -> tuple[float, list[str]]:
-    """Hours of one core the runs still need, each at its row's mean steps/s so far (or, in
-    a row with none begun, its algorithm's in other rows), and the rows ("row on env") that
-    no begun run can time."""
-    timed: dict[tuple, list[float]] = {}
+    """Hours of one core the runs still need, each at its row's steps/s so far (or, in a
+    row with none begun, its algorithm's in other rows), and the rows ("row on env") that no
+    begun run can time. The steps/s pools the begun runs' steps over their seconds: an
+    off-policy run still in its random-action warm-up (hundreds of steps/s, seconds long)
+    then weighs by its seconds, not as one rate beside a learning run's."""
+    timed: dict[tuple, list[float]] = {}  # key -> [steps, seconds]
     for run in runs:
-        if run.steps_per_second:
-            timed.setdefault((run.row, run.env), []).append(run.steps_per_second)
-            timed.setdefault((run.algo,), []).append(run.steps_per_second)
+        if run.done and run.seconds > 0:
+            for key in ((run.row, run.env), (run.algo,)):
+                pooled = timed.setdefault(key, [0.0, 0.0])
+                pooled[0] += run.done
+                pooled[1] += run.seconds
     seconds, unknown = 0.0, []
     for run in runs:
         if run.done >= run.steps:
             continue
-        speeds = timed.get((run.row, run.env)) or timed.get((run.algo,))
-        if speeds:
-            seconds += (run.steps - run.done) / float(np.mean(speeds))
+        pooled = timed.get((run.row, run.env)) or timed.get((run.algo,))
+        if pooled:
+            seconds += (run.steps - run.done) * pooled[1] / pooled[0]
         elif f"{run.row} on {run.env}" not in unknown:
             unknown.append(f"{run.row} on {run.env}")
     return seconds / 3600, unknown
@@ -154,7 +156,7 @@ def status(
             if state in ("begun", "started"):  # is it going on?
                 written = f"written {ago(time.time() - last_written(run_dir))} ago"
                 word += f", running ({written})" if holder(run_dir) else f", stopped ({written})"
-            steps, score, reached, speed = 0, "-", "-", None
+            steps, score, reached, seconds = 0, "-", "-", 0.0
             if summary is not None:
                 result = run_result(
                     summary, suite.window, row.threshold, row.score, row.reach_window
@@ -164,13 +166,12 @@ def status(
                 score = f"{result['score']:,.1f}" if result["episodes"] else "-"
                 if result["reached_at"] is not None:
                     reached = f"{result['reached_at']:,}"
-                if steps and summary["wall_seconds"] > 0:  # (format 1 checkpoints: no time)
-                    speed = result["steps_per_second"]
+                seconds = summary["wall_seconds"]  # (0 in format 1 checkpoints: no time)
             lines.append(
                 f"| {row.name} | {row.env} | {spec.seed} | {word} | {steps:,} of "
                 f"{row.steps:,} | {score} | {band} | {reached} |"
             )
-            progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, speed))
+            progress.append(RunProgress(row.name, row.env, row.algo, row.steps, steps, seconds))
         if len(runs) == len(row.seeds) and all(state == "done" for state, _ in runs):
             finished_rows.append(row_result(row, [result for _, result in runs]))
     suite_pid = holder(out_dir)

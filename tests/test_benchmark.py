@@ -597,18 +597,31 @@ def test_results_pages_say_what_they_were_made_with():
 
 
 def test_core_hours_left_time_each_run_at_its_row_or_algorithm():
+    # The row's pooled speed: 1,400 steps in 20 + 8 s, 50 steps/s.
     runs = [
-        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 1000, 50.0),  # done: nothing left
-        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 400, 100.0),  # 600 at 75/s: 8 s
-        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 0, None),  # 1000 at 75/s
-        RunProgress("sac", "Hopper-v4", "sac", 900, 0, None),  # the algorithm's 75/s: 12 s
-        RunProgress("td3", "Hopper-v4", "td3", 900, 0, None),  # nothing to time it by
-        RunProgress("td3", "Hopper-v4", "td3", 900, 0, None),
+        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 1000, 20.0),  # done: nothing left
+        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 400, 8.0),  # 600 at 50/s: 12 s
+        RunProgress("sac", "HalfCheetah-v4", "sac", 1000, 0, 0.0),  # 1000 at 50/s: 20 s
+        RunProgress("sac", "Hopper-v4", "sac", 900, 0, 0.0),  # the algorithm's 50/s: 18 s
+        RunProgress("td3", "Hopper-v4", "td3", 900, 0, 0.0),  # nothing to time it by
+        RunProgress("td3", "Hopper-v4", "td3", 900, 0, 0.0),
     ]
     hours, unknown = core_hours_left(runs)
-    assert hours == pytest.approx((8 + 1000 / 75 + 12) / 3600)
+    assert hours == pytest.approx((12 + 20 + 18) / 3600)
     assert unknown == ["td3 on Hopper-v4"]
     assert core_hours_left(runs[:1]) == (0.0, [])
+
+
+def test_core_hours_left_weigh_a_warm_up_by_its_seconds():
+    # An off-policy run that just ended its random-action warm-up (10,000 steps in 20 s)
+    # beside one learning at 4 steps/s: a mean of the two rates (252 steps/s) would put the
+    # 362,000 steps left at 0.4 hours; pooled they are 38,000 steps in 7,520 s.
+    runs = [
+        RunProgress("crossq", "LunarLanderContinuous-v3", "crossq", 200_000, 10_000, 20.0),
+        RunProgress("crossq", "LunarLanderContinuous-v3", "crossq", 200_000, 28_000, 7_500.0),
+    ]
+    hours, _ = core_hours_left(runs)
+    assert hours == pytest.approx(362_000 * 7_520 / 38_000 / 3600)  # 19.9 core-hours
 
 
 def test_a_row_with_too_few_seeds_reaching_its_threshold_is_below():
