@@ -135,6 +135,47 @@ def test_batch_renorm_after_warmup_normalizes_toward_the_running_statistics():
     torch.testing.assert_close(trained, layer(x), atol=2e-3, rtol=0)
 
 
+def naive_batch_renorm(layer, x, running_mean, running_var, steps):
+    """sb3-contrib's BatchRenorm1d forward in training mode as written there: x.var(0),
+    (x - mean) / sqrt(var + eps), then scale and bias."""
+    batch_mean, batch_var = x.mean(0), x.var(0)
+    mean, var = batch_mean, batch_var
+    if steps > layer.warmup_steps:
+        running_std = (running_var + layer.eps).sqrt()
+        r = ((batch_var + layer.eps).sqrt() / running_std).detach().clamp(1 / 3, 3)
+        d = ((batch_mean - running_mean) / running_std).detach().clamp(-5, 5)
+        mean, var = batch_mean - d * batch_var.sqrt() / r, batch_var / r**2
+    return layer.scale * ((x - mean) / (var + layer.eps).sqrt()) + layer.bias
+
+
+def test_batch_renorm_outputs_and_gradients_equal_the_naive_formula():
+    """The layer's folded x * a + b against the formula term by term, on random batches
+    with a learnt scale and bias: outputs and the gradients of x, scale and bias, through
+    warmup and after it, with r and d inside their clips and pinned at them."""
+    torch.manual_seed(5)
+    layer = BatchRenorm(6, momentum=0.3, warmup_steps=2)
+    with torch.no_grad():
+        layer.scale.copy_(torch.randn(6))
+        layer.bias.copy_(torch.randn(6))
+    for step in range(8):
+        spread = 40.0 if step == 6 else 1.0 + step / 4  # step 6: r and d at their clips
+        x = (torch.randn(48, 6) * spread + step).requires_grad_()
+        weights = torch.randn(48, 6)  # a loss whose gradient is not the same everywhere
+        state = layer.running_mean.clone(), layer.running_var.clone(), layer.steps.item()
+        layer.train()
+        got = layer(x)
+        got_grads = torch.autograd.grad((got * weights).sum(), (x, layer.scale, layer.bias))
+        want = naive_batch_renorm(layer, x, *state)
+        want_grads = torch.autograd.grad((want * weights).sum(), (x, layer.scale, layer.bias))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        layer.eval()
+        running = layer.running_mean, layer.running_var
+        want = layer.scale * (x - running[0]) / (running[1] + layer.eps).sqrt() + layer.bias
+        torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+
+
 @needs("bench", "sb3_contrib")
 def test_batch_renorm_equals_sb3_contribs():
     """With the [bench] extra: sb3-contrib's BatchRenorm, same inputs, train and eval
