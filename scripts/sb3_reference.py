@@ -17,12 +17,22 @@ reference library at the same settings and seeds:
 One process, one torch thread (as each suite run); SB3's own env handling (time limits
 bootstrap, as rlstore's). Results accumulate in results/sb3-reference.json, one entry per
 algorithm and env.
+
+Runs longer than a sitting continue where they stopped: each run saves its model, replay
+buffer and episodes so far every --save-every steps and on SIGTERM (or Ctrl-C) under
+--work (default runs/sb3-reference/), and the same command picks them up. A resumed run is
+not the uninterrupted one: SB3 saves no env state, so the episode under way is dropped and
+the env reset, with the seed plus 1,000 times the resume's number (its random streams too);
+the results say how many resumes each run had. Two seeds side by side: two commands, one
+--seeds each.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +80,10 @@ SETTINGS = {
 }
 
 
-def train(algo: str, env_id: str, seed: int) -> dict:
+def train(algo: str, env_id: str, seed: int, work: Path, save_every: int) -> dict | None:
+    """One seed's run to the end, from its newest save under `work` if it has one; None
+    when it was stopped (SIGTERM, Ctrl-C) after saving."""
+    import gymnasium as gym
     import torch
     from sb3_contrib import QRDQN, CrossQ
     from stable_baselines3.common.callbacks import BaseCallback
@@ -80,25 +93,67 @@ def train(algo: str, env_id: str, seed: int) -> dict:
     steps = settings.pop("steps")
     settings.pop("threshold", None)
     policy_kwargs = {k: settings.pop(k) for k in ("net_arch", "n_quantiles") if k in settings}
-    returns, ends = [], []
+    trainer = CrossQ if algo == "crossq" else QRDQN
+    run_dir = work / f"{algo}__{env_id}__{seed}"
+    done = run_dir / "run.json"
+    if done.exists():  # finished in an earlier sitting
+        return json.loads(done.read_text())
+    saved = newest_save(run_dir)
+    if saved is None:
+        model = trainer(
+            "MlpPolicy", env_id, seed=seed, device="cpu", policy_kwargs=policy_kwargs, **settings
+        )
+        run = {"seed": seed, "returns": [], "steps": [], "resumes": 0}
+    else:
+        model = trainer.load(saved / "model.zip", env=gym.make(env_id), device="cpu")
+        model.load_replay_buffer(saved / "replay.pkl")
+        run = json.loads((saved / "episodes.json").read_text())
+        run["resumes"] += 1
+        model.set_random_seed(seed + 1000 * run["resumes"])  # the env's next reset too
+        model._last_obs = None  # SB3 saved the last observation, not the env: start anew
+        print(f"{algo} {env_id} seed {seed}: resuming at step {model.num_timesteps:,}")
+    stop = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.append(True))
 
     class Episodes(BaseCallback):
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
-                    returns.append(float(info["episode"]["r"]))
-                    ends.append(self.num_timesteps)
-            return True
+                    run["returns"].append(float(info["episode"]["r"]))
+                    run["steps"].append(self.num_timesteps)
+            if self.num_timesteps % save_every == 0 or stop:
+                save(model, run, run_dir)
+            return not stop
 
-    trainer = CrossQ if algo == "crossq" else QRDQN
-    model = trainer(
-        "MlpPolicy", env_id, seed=seed, device="cpu", policy_kwargs=policy_kwargs, **settings
-    )
-    model.learn(steps, callback=Episodes())
-    run = {"seed": seed, "returns": returns, "steps": ends}
+    model.learn(steps - model.num_timesteps, callback=Episodes(), reset_num_timesteps=False)
+    if stop:
+        print(f"{algo} {env_id} seed {seed}: stopped at step {model.num_timesteps:,}, saved")
+        return None
     if algo == "qrdqn":
         run["evaluation"] = evaluate(model, env_id, seed)
+    done.write_text(json.dumps(run))
     return run
+
+
+def save(model, run: dict, run_dir: Path) -> None:
+    """The model, its replay buffer and the episodes so far, in a folder of their step;
+    `latest` names it once all three are written, then older folders go."""
+    folder = run_dir / f"step_{model.num_timesteps:09d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save(folder / "model.zip")
+    model.save_replay_buffer(folder / "replay.pkl")
+    (folder / "episodes.json").write_text(json.dumps(run))
+    (run_dir / "latest.tmp").write_text(folder.name)
+    (run_dir / "latest.tmp").replace(run_dir / "latest")
+    for old in run_dir.glob("step_*"):
+        if old != folder:
+            shutil.rmtree(old)
+
+
+def newest_save(run_dir: Path) -> Path | None:
+    latest = run_dir / "latest"
+    return run_dir / latest.read_text() if latest.exists() else None
 
 
 def evaluate(model, env_id: str, seed: int, episodes: int = 10) -> float:
@@ -134,7 +189,10 @@ def row(key: str, result: dict) -> str:
         measure = f"last 100 training returns; reached {settings['threshold']} at"
         at = [first_reach(r["returns"], r["steps"], settings["threshold"]) for r in runs]
         reached = ", ".join("-" if s is None else f"{s:,}" for s in at)
-    per_seed = ", ".join(f"{s:.1f}" for s in scores)
+    per_seed = ", ".join(
+        f"{s:.1f}" + (f" ({r['resumes']} resumes)" if r.get("resumes") else "")
+        for s, r in zip(scores, runs, strict=True)
+    )
     return (
         f"| {algo} | {env_id} | {settings['steps']:,} | {measure} | {per_seed} | "
         f"{np.mean(scores):.1f} +- {np.std(scores):.1f} | {reached} |"
@@ -146,11 +204,18 @@ def main() -> None:
     parser.add_argument("algo", choices=sorted({a for a, _ in SETTINGS}))
     parser.add_argument("env")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "sb3-reference")
+    parser.add_argument("--save-every", type=int, default=10_000, help="steps between saves")
     args = parser.parse_args()
     if (args.algo, args.env) not in SETTINGS:
         known = ", ".join(e for a, e in SETTINGS if a == args.algo)
         parser.error(f"no settings for {args.algo} on {args.env}; choose one of {known}")
-    runs = [train(args.algo, args.env, seed) for seed in args.seeds]
+    runs = []
+    for seed in args.seeds:
+        run = train(args.algo, args.env, seed, args.work, args.save_every)
+        if run is None:  # stopped: the results wait for the whole set
+            return
+        runs.append(run)
     path = OUT.with_suffix(".json")  # read after the runs: another may have written since
     results = json.loads(path.read_text()) if path.exists() else {}
     key = f"{args.algo} {args.env}"
