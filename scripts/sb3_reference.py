@@ -95,6 +95,11 @@ def train(algo: str, env_id: str, seed: int, work: Path, save_every: int) -> dic
     policy_kwargs = {k: settings.pop(k) for k in ("net_arch", "n_quantiles") if k in settings}
     trainer = CrossQ if algo == "crossq" else QRDQN
     run_dir = work / f"{algo}__{env_id}__{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recorded, asked = run_dir / "settings.json", json.dumps(SETTINGS[algo, env_id])
+    if recorded.exists() and recorded.read_text() != asked:
+        raise SystemExit(f"{run_dir} was run at other settings: remove it, or pass another --work")
+    recorded.write_text(asked)
     done = run_dir / "run.json"
     if done.exists():  # finished in an earlier sitting
         return json.loads(done.read_text())
@@ -140,7 +145,7 @@ def save(model, run: dict, run_dir: Path) -> None:
     """The model, its replay buffer and the episodes so far, in a folder of their step;
     `latest` names it once all three are written, then older folders go."""
     folder = run_dir / f"step_{model.num_timesteps:09d}"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(exist_ok=True)
     model.save(folder / "model.zip")
     model.save_replay_buffer(folder / "replay.pkl")
     (folder / "episodes.json").write_text(json.dumps(run))
