@@ -1,4 +1,5 @@
-"""The GPU path makes no host/device synchronisation in the loop beyond the env boundary.
+"""The GPU path makes no host/device synchronisation in the loop beyond the env boundary
+(and, with prioritized replay, the batch's TD errors, which the host's sum tree takes).
 
 CI has no GPU, so the real loop code (the on-policy collect loop, returns and PPO update;
 DQN's acting, replay and gradient step) runs with its tensors on PyTorch's "meta" device:
@@ -15,11 +16,12 @@ optimizers' step); on meta the tests replace them, on CUDA they run for real.
 import contextlib
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from rlstore import QNetwork, ReplayBuffer, algos
+from rlstore import QNetwork, ReplayBuffer, RolloutStorage, algos
 from rlstore.algos._on_policy import build_actor_critic, collect_rollout, compute_returns
 from rlstore.algos._shared import update_target
 from rlstore.algos.dqn import DQNConfig, epsilon_greedy, gradient_step
@@ -180,6 +182,135 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
     return T
 
 
+def replay_method_steps(algo, device, watch, tmp_path, monkeypatch):
+    """C51's, QR-DQN's or Rainbow's (noisy, dueling, 3-step, prioritized) acting, storing
+    and two gradient steps, on real CartPole envs; the gradient steps taken."""
+    from rlstore.algos import c51, qrdqn, rainbow
+    from rlstore.envs import make_vec_env
+
+    module, config = {
+        "c51": (c51, c51.C51Config),
+        "qrdqn": (qrdqn, qrdqn.QRDQNConfig),
+        "rainbow": (c51, rainbow.RainbowConfig),
+    }[algo]
+    cfg = config(num_envs=N, batch_size=32, q_hidden=(16, 16))
+    envs = make_vec_env("CartPole-v1", N, seed=1)
+    q_network = module.VARIANT.network(cfg, envs.single_observation_space, 2).to(device)
+    target_network = copy.deepcopy(q_network)
+    optimizer = optimizer_for(q_network, device, monkeypatch)
+    buffer = ReplayBuffer(
+        100, N, (4,), device=device, n_step=cfg.n_step, prioritized=cfg.prioritized, seed=1
+    )
+    obs, _ = envs.reset(seed=1)
+    with watch:
+        for _ in range(T):
+            action = epsilon_greedy(q_network.greedy_action, obs, 0.5, 2)
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            buffer.add(obs, action, reward, next_obs, terminated, truncated)
+            obs = next_obs
+        for _ in range(2):
+            gradient_step(
+                q_network, target_network, optimizer, buffer, 0.4, cfg, loss_of=module.VARIANT.loss
+            )
+        update_target(target_network, q_network, 1.0)
+    envs.close()
+    return 2
+
+
+def pqn_iteration(device, watch, tmp_path, monkeypatch):
+    """PQN's loop for one rollout: acting epsilon-greedily with max Q stored as the value,
+    the Q(lambda) returns, then its epochs of minibatch steps."""
+    from rlstore.algos.pqn import LayerNormQNetwork, PQNConfig, max_q, pqn_update
+    from rlstore.encoders import encoder_for
+    from rlstore.envs import make_vec_env
+
+    cfg = PQNConfig(num_envs=N, num_steps=T, num_minibatches=2)
+    envs = make_vec_env("CartPole-v1", N, seed=1)
+    encoder = encoder_for(envs.single_observation_space)
+    q_network = LayerNormQNetwork(2, (16, 16), encoder).to(device)
+    optimizer = optimizer_for(q_network, device, monkeypatch)
+    storage = RolloutStorage(T, N, (4,), device=device)
+    obs, _ = envs.reset(seed=1)
+    storage.reset(obs)
+    no_log_prob = np.zeros(N, dtype=np.float32)
+    with watch:
+        for _ in range(T):
+            value, greedy = max_q(q_network, storage.current_obs, None)
+            greedy = greedy.cpu().numpy()  # the env boundary
+            action = epsilon_greedy(lambda *_, greedy=greedy: greedy, obs, 0.5, 2)
+            obs, reward, terminated, truncated, _ = envs.step(action)
+            storage.insert(obs, action, no_log_prob, value, reward, terminated, truncated)
+        next_value = max_q(q_network, storage.current_obs, None)[0]
+        storage.compute_returns(next_value, cfg.gamma, cfg.q_lambda)
+        pqn_update(q_network, optimizer, storage, cfg)
+        storage.after_update()
+    envs.close()
+    return 0
+
+
+def continuous_method_steps(algo, device, watch, tmp_path, monkeypatch):
+    """TQC's (with and without its sorted loss) or CrossQ's acting, storing and three
+    gradient steps (the actor's and the entropy coefficient's at the third), on real
+    Pendulum envs."""
+    from rlstore.algos import crossq, sac, tqc
+    from rlstore.encoders import encoder_for
+    from rlstore.envs import make_vec_env
+
+    envs = make_vec_env("Pendulum-v1", N, seed=1)
+    space = envs.single_action_space
+    encoder = encoder_for(envs.single_observation_space)
+    if algo == "crossq":
+        cfg = crossq.CrossQConfig(batch_size=32, renorm_warmup_steps=1)  # both sides of it
+        agent = crossq.CrossQActorCritic(space.low, space.high, (16,), (32,), encoder).to(device)
+    else:
+        fast = "auto" if algo == "tqc" else "off"
+        cfg = tqc.TQCConfig(batch_size=32, policy_frequency=3, fast_paths=fast)
+        agent = tqc.TQCActorCritic(space.low, space.high, (16, 16), encoder, 2, 5).to(device)
+    entropy = sac.EntropyCoefficient().to(device)
+    optimizers = {
+        name: optimizer_for(part, device, monkeypatch)
+        for name, part in (("actor", agent.actor), ("critic", agent.critic), ("alpha", entropy))
+    }
+    buffer = ReplayBuffer(
+        100,
+        N,
+        (3,),
+        torch.float32,
+        action_shape=(1,),
+        action_dtype=torch.float32,
+        device=device,
+        seed=1,
+    )
+    target_critic = copy.deepcopy(agent.critic)
+    obs, _ = envs.reset(seed=1)
+    with watch:
+        for _ in range(T):
+            action = agent.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            buffer.add(obs, action, reward, next_obs, terminated, truncated)
+            obs = next_obs
+        for number in (1, 2, 3):
+            if algo == "crossq":
+                crossq.gradient_step(number, agent, entropy, optimizers, buffer, cfg, -1.0)
+            else:
+                tqc.gradient_step(
+                    number, agent, target_critic, entropy, optimizers, buffer, cfg, -1.0
+                )
+    envs.close()
+    return 0
+
+
+METHODS = {
+    "c51": replay_method_steps,
+    "qrdqn": replay_method_steps,
+    "rainbow": replay_method_steps,
+    "pqn": lambda algo, *args: pqn_iteration(*args),
+    "tqc": continuous_method_steps,
+    "tqc-reference-loss": continuous_method_steps,
+    "crossq": continuous_method_steps,
+}
+
+
 def test_meta_tensors_refuse_host_reads():
     """The premise: on meta tensors a host read raises, so the tests below can fail."""
     with pytest.raises(RuntimeError):
@@ -240,3 +371,33 @@ def test_offpolicy_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert 0 < len(env_boundary) <= steps
+
+
+def method_reads(algo, device, env_boundary, tmp_path, monkeypatch):
+    """Run METHODS[algo] and check its device reads: the env boundary's actions, once per
+    vector step at most, and with prioritized replay the TD errors of each gradient step."""
+    steps = METHODS[algo](algo, device, contextlib.nullcontext(), tmp_path, monkeypatch)
+    prioritized = [shape for shape in env_boundary if shape == (32,)]
+    actions = [shape for shape in env_boundary if shape != (32,)]
+    assert 0 < len(actions) <= T and len(set(actions)) == 1, env_boundary
+    assert len(prioritized) == (steps if algo == "rainbow" else 0), env_boundary
+
+
+@pytest.mark.parametrize("algo", list(METHODS))
+def test_distributional_pqn_tqc_and_crossq_read_the_device_only_at_the_env_boundary(
+    algo, env_boundary, tmp_path, monkeypatch
+):
+    method_reads(algo, torch.device("meta"), env_boundary, tmp_path, monkeypatch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algo", list(METHODS))
+def test_distributional_pqn_tqc_and_crossq_never_synchronise_on_cuda_but_at_those_reads(
+    algo, env_boundary, tmp_path, monkeypatch
+):
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        method_reads(algo, torch.device("cuda"), env_boundary, tmp_path, monkeypatch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

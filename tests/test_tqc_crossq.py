@@ -126,13 +126,28 @@ def test_batch_renorm_after_warmup_normalizes_toward_the_running_statistics():
     running statistics give (r and d carry no gradient, so gradients are batch norm's)."""
     torch.manual_seed(1)
     layer = BatchRenorm(2, momentum=0.0, warmup_steps=0)  # momentum 0: statistics stay
-    layer.running_mean.copy_(torch.tensor([0.5, -0.5]))
-    layer.running_var.copy_(torch.tensor([1.5, 0.8]))
-    layer.steps.fill_(1)
+    running = {"running_mean": torch.tensor([0.5, -0.5]), "running_var": torch.tensor([1.5, 0.8])}
+    layer.load_state_dict(layer.state_dict() | running | {"steps": torch.tensor(1)})
     x = torch.randn(256, 2)
     trained = layer(x)
     layer.eval()
     torch.testing.assert_close(trained, layer(x), atol=2e-3, rtol=0)
+
+
+def test_batch_renorm_restored_past_its_warmup_goes_on_as_the_layer_it_was_saved_from():
+    """The warm-up is decided by a host copy of the pass count (no device read in a
+    pass); a layer loaded from another's state dict reads it again, so its passes are the
+    other's, bit for bit, on either side of the warm-up's end."""
+    torch.manual_seed(4)
+    batches = [torch.randn(32, 3) * (1 + i) + i for i in range(6)]
+    saved = BatchRenorm(3, momentum=0.2, warmup_steps=2)
+    for x in batches[:2]:
+        saved(x)
+    restored = BatchRenorm(3, momentum=0.2, warmup_steps=2)
+    restored.load_state_dict(saved.state_dict())
+    for x in batches[2:]:
+        assert torch.equal(restored(x), saved(x))
+    assert restored.steps.item() == saved.steps.item() == 6
 
 
 def naive_batch_renorm(layer, x, running_mean, running_var, steps):

@@ -90,7 +90,11 @@ class BatchRenorm(nn.Module):
     The normalization and the affine are one x * a + b, and the batch variance is the mean
     square of the centred batch: torch's `var(0)` and the four-op formula cost 3-4 times as
     much on a 512 x 1024 batch (fwd + bwd, one thread), the most of a CrossQ step after its
-    matmuls."""
+    matmuls.
+
+    The count of training passes is a buffer (checkpoints keep it) with a host copy that
+    decides the warm-up, so that a pass on a GPU does not wait for the device to say it;
+    the copy is read from the buffer once after a load."""
 
     RMAX, DMAX = 3.0, 5.0
 
@@ -102,8 +106,14 @@ class BatchRenorm(nn.Module):
         self.register_buffer("running_mean", torch.zeros(features))
         self.register_buffer("running_var", torch.ones(features))
         self.register_buffer("steps", torch.tensor(0, dtype=torch.long))
+        self.host_steps: int | None = 0  # `steps` on the host; None: read it at the next pass
+        self.register_load_state_dict_post_hook(BatchRenorm._forget_host_steps)
         self.scale = nn.Parameter(torch.ones(features))
         self.bias = nn.Parameter(torch.zeros(features))
+
+    @staticmethod
+    def _forget_host_steps(module: BatchRenorm, incompatible_keys: object) -> None:
+        module.host_steps = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
@@ -113,7 +123,9 @@ class BatchRenorm(nn.Module):
         centred = x - batch_mean
         batch_var = centred.square().sum(0) / (len(x) - 1)  # unbiased, as x.var(0)
         mean, var = batch_mean, batch_var
-        if self.steps > self.warmup_steps:
+        if self.host_steps is None:
+            self.host_steps = int(self.steps)
+        if self.host_steps > self.warmup_steps:
             running_std = (self.running_var + self.eps).sqrt()
             batch_std = (batch_var + self.eps).sqrt()
             r = (batch_std / running_std).detach().clamp(1 / self.RMAX, self.RMAX)
@@ -124,6 +136,7 @@ class BatchRenorm(nn.Module):
             self.running_mean.lerp_(batch_mean, self.momentum)
             self.running_var.lerp_(batch_var, self.momentum)
             self.steps += 1
+        self.host_steps += 1
         # scale * (x - mean) / sqrt(var + eps) + bias, where x - mean = centred + batch_mean - mean
         a = self.scale * (var + self.eps).rsqrt()
         return torch.addcmul(self.bias + a * (batch_mean - mean), centred, a)

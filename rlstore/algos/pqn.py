@@ -141,6 +141,30 @@ def q_loss(q_network: nn.Module, obs: Any, actions: torch.Tensor, returns: torch
     return F.mse_loss(q_value, returns), q_value.detach()
 
 
+def max_q(
+    q_network: nn.Module, obs: Any, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V(s) = max Q, the greedy actions) over the allowed actions, left on the network's
+    device: only the actions cross to the host, at the env boundary."""
+    with torch.inference_mode():
+        return masked_q(q_network(obs), mask).max(-1)
+
+
+def pqn_update(
+    q_network: nn.Module, optimizer: torch.optim.Optimizer, storage: RolloutStorage, cfg: PQNConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Epochs of minibatch regression of Q(s, a) onto the rollout's Q(lambda) returns;
+    the last minibatch's (loss, Q(s, a))."""
+    for _ in range(cfg.update_epochs):
+        for batch in storage.minibatches(cfg.num_minibatches):
+            loss, q_value = q_loss(q_network, batch.obs, batch.actions, batch.returns)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
+            optimizer.step()
+    return loss, q_value
+
+
 def train(
     cfg: PQNConfig,
     preset: Path | None = None,
@@ -185,15 +209,10 @@ def train(
     lives = envs if hasattr(envs, "life_lost") else None  # Atari
     no_log_prob = np.zeros(cfg.num_envs, dtype=np.float32)
 
-    def max_q(obs: Any, mask: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
-        """The greedy actions and their values (among the allowed actions)."""
-        with torch.inference_mode():
-            value, greedy = masked_q(q_network(obs), mask).max(-1)
-        return greedy.cpu().numpy(), value.cpu().numpy()
-
     def step(epsilon: float) -> None:
         """One vector step: act epsilon-greedily, store it with max Q of the obs acted at."""
-        greedy, value = max_q(storage.current_obs, storage.current_action_mask)
+        value, greedy = max_q(q_network, storage.current_obs, storage.current_action_mask)
+        greedy = greedy.cpu().numpy()  # the env boundary
         mask = None if masks is None else masks.masks
         action = epsilon_greedy(lambda *_: greedy, storage.current_obs, epsilon, num_actions, mask)
         next_obs, reward, terminated, truncated, info = envs.step(action)
@@ -221,19 +240,11 @@ def train(
             # -- collect, and the Q(lambda) returns -----------------------------------------
             for _ in range(cfg.num_steps):
                 step(linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step))
-            _, next_value = max_q(storage.current_obs, storage.current_action_mask)
+            next_value = max_q(q_network, storage.current_obs, storage.current_action_mask)[0]
             storage.compute_returns(next_value, cfg.gamma, cfg.q_lambda)
 
             # -- update: epochs of minibatch regression onto the returns ----------------------
-            for _ in range(cfg.update_epochs):
-                for batch in storage.minibatches(cfg.num_minibatches):
-                    loss, q_value = q_loss(q_network, batch.obs, batch.actions, batch.returns)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(
-                        optimizer_params(optimizer), cfg.max_grad_norm, foreach=True
-                    )
-                    optimizer.step()
+            loss, q_value = pqn_update(q_network, optimizer, storage, cfg)
 
             # -- log -----------------------------------------------------------------------
             if run.log_due():
