@@ -184,7 +184,7 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
 
 def replay_method_steps(algo, device, watch, tmp_path, monkeypatch):
     """C51's, QR-DQN's or Rainbow's (noisy, dueling, 3-step, prioritized) acting, storing
-    and two gradient steps, on real CartPole envs; the gradient steps taken."""
+    and two gradient steps, on real CartPole envs; the priority updates made."""
     from rlstore.algos import c51, qrdqn, rainbow
     from rlstore.envs import make_vec_env
 
@@ -214,7 +214,7 @@ def replay_method_steps(algo, device, watch, tmp_path, monkeypatch):
             )
         update_target(target_network, q_network, 1.0)
     envs.close()
-    return 2
+    return 2 if cfg.prioritized else 0
 
 
 def pqn_iteration(device, watch, tmp_path, monkeypatch):
@@ -300,6 +300,7 @@ def continuous_method_steps(algo, device, watch, tmp_path, monkeypatch):
     return 0
 
 
+# Issue 61's methods: (algo, device, watch, tmp_path, monkeypatch) -> the priority updates made
 METHODS = {
     "c51": replay_method_steps,
     "qrdqn": replay_method_steps,
@@ -375,12 +376,13 @@ def test_offpolicy_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
 
 def method_reads(algo, device, env_boundary, tmp_path, monkeypatch):
     """Run METHODS[algo] and check its device reads: the env boundary's actions, once per
-    vector step at most, and with prioritized replay the TD errors of each gradient step."""
-    steps = METHODS[algo](algo, device, contextlib.nullcontext(), tmp_path, monkeypatch)
-    prioritized = [shape for shape in env_boundary if shape == (32,)]
+    vector step at most, and with prioritized replay the TD errors of each priority update
+    (the batch of 32)."""
+    updates = METHODS[algo](algo, device, contextlib.nullcontext(), tmp_path, monkeypatch)
+    td_errors = [shape for shape in env_boundary if shape == (32,)]
     actions = [shape for shape in env_boundary if shape != (32,)]
     assert 0 < len(actions) <= T and len(set(actions)) == 1, env_boundary
-    assert len(prioritized) == (steps if algo == "rainbow" else 0), env_boundary
+    assert len(td_errors) == updates, env_boundary
 
 
 @pytest.mark.parametrize("algo", list(METHODS))

@@ -12,8 +12,9 @@ values, so the storage's compute_returns gives them, pseudo-steps and time limit
 for PPO (docs/reference/episode-boundaries.md; tests/test_pqn.py checks it against the
 recursion above).
 
-Reads top to bottom: the config, the network, the loss, then train(): build, and the loop
-of collect -> returns -> epochs of minibatch steps -> log; last, its registry entry.
+Reads top to bottom: the config, the network, the loss, max Q (acting and the values) and
+the update's epochs of minibatch steps, then train(): build, and the loop of collect ->
+returns -> update -> log; last, its registry entry.
 """
 
 from __future__ import annotations
