@@ -169,17 +169,21 @@ def test_a_dict_part_left_out_with_drop_obs_keys(tmp_path):
 
 def test_box_actions_of_two_dimensions_are_learnt_flat_and_reshaped_for_the_env(tmp_path):
     """BoxGrid raises on an action that is not 2x2: SAC acts in the flat (4,) box, the env
-    gets (2, 2); its target is reached (a zero action scores -1.25 an episode); load_policy
-    gives actions in the env's shape."""
+    gets (2, 2); every entry is learnt on the right side of its target (a zero action scores
+    -1.25 an episode, and so does one entry of the four on the wrong side); load_policy
+    gives actions in the env's shape. Each step's reward is its own action's (a contextual
+    bandit), so gamma 0 and small networks learn it in 2,000 steps."""
     result = rlstore.train(
         "sac",
         env="space_envs:BoxGrid-v0",
-        total_timesteps=6000,
+        total_timesteps=2000,
         learning_starts=500,
+        gamma=0.0,
+        hidden=(64, 64),
         logdir=str(tmp_path),
         progress=False,
     )
-    assert min(evaluate(result.run_dir, episodes=4)["returns"]) > -0.05
+    assert min(evaluate(result.run_dir, episodes=4)["returns"]) > -0.5
     policy = rlstore.load_policy(result.run_dir)  # actions in the env's own shape
     env = gymnasium.make("BoxGrid-v0")  # the env itself, without rlstore's wrappers
     obs, _ = env.reset(seed=0)
