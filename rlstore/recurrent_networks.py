@@ -22,6 +22,7 @@ from rlstore.encoders import (
 )
 from rlstore.networks import action_log_prob_and_entropy, action_mode, mlp, sample_action
 from rlstore.parts import Tree, first_part, map_parts, take
+from rlstore.storage.arrays import to_device
 
 
 class RecurrentActorCriticBase(nn.Module):
@@ -85,14 +86,16 @@ class RecurrentActorCriticBase(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log_prob, entropy, value), each (L, B), of `actions` along sequences of L steps
         of B envs (time-major) from `initial_state`, the state zeroed before each step t > 0
-        where `episode_starts[t]`: the recurrence as collection ran it."""
+        where `episode_starts[t]`: the recurrence as collection ran it. (`episode_starts`
+        on the host, as the storage gives it, finds the cuts without a device read.)"""
         L, B = first_part(obs).shape[:2]
         x = self.encode(obs)
         cuts = [t for t in range(1, L) if episode_starts[t].any()]  # where a state is zeroed
         state, actor_features, critic_features = initial_state, [], []
         for start, end in zip([0, *cuts], [*cuts, L], strict=True):
             if start > 0:
-                state = state * (~episode_starts[start]).to(state.dtype)[:, None, None]
+                keep = to_device((~episode_starts[start]).to(state.dtype), state.device)
+                state = state * keep[:, None, None]
             actor_out, critic_out, state = self._cores(x[start:end], state)
             actor_features.append(actor_out.reshape(-1, actor_out.shape[-1]))
             critic_features.append(critic_out.reshape(-1, critic_out.shape[-1]))

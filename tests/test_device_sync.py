@@ -106,6 +106,52 @@ def ppo_iteration(device, watch, tmp_path, monkeypatch):
     return T  # vector steps taken
 
 
+def a2c_iteration(device, watch, tmp_path, monkeypatch):
+    """One iteration of A2C's loop: collect, returns, and its one step on the flattened
+    rollout."""
+    from rlstore.algos.a2c import A2CConfig, a2c_update
+
+    cfg = A2CConfig(
+        num_envs=N, num_steps=T, device="cpu", logdir=str(tmp_path), progress=False,
+        track_tensorboard=False,
+    )  # fmt: skip
+    run = Run(cfg, "a2c")
+    agent, storage, state = build_actor_critic(cfg, algos.get("a2c"), device)
+    optimizer = optimizer_for(agent, device, monkeypatch)
+    try:
+        with watch:
+            collect_rollout(agent, storage, state, run)
+            compute_returns(agent, storage, cfg)
+            a2c_update(agent, optimizer, storage.flatten(), cfg)
+            storage.after_update()
+    finally:
+        state.envs.close()
+    return T
+
+
+def ppo_lstm_iteration(device, watch, tmp_path, monkeypatch):
+    """One iteration of recurrent PPO's loop: collect, returns, and epochs of sequence
+    minibatches (CartPole's episodes end inside them: on meta every action is 0)."""
+    from rlstore.algos import ppo_lstm
+
+    cfg = ppo_lstm.PPOLSTMConfig(
+        env_id="CartPole-v1", num_envs=N, num_steps=T, num_minibatches=2, sequence_length=8,
+        device="cpu", logdir=str(tmp_path), progress=False, track_tensorboard=False,
+    )  # fmt: skip
+    run = Run(cfg, "ppo_lstm")
+    agent, storage, memory, state = ppo_lstm.build(cfg, device)
+    optimizer = optimizer_for(agent, device, monkeypatch)
+    try:
+        with watch:
+            ppo_lstm.collect(agent, storage, state, run)
+            ppo_lstm.compute_returns(agent, storage, memory, cfg)
+            ppo_lstm.update(agent, optimizer, storage, cfg)
+            storage.after_update()
+    finally:
+        state.envs.close()
+    return T
+
+
 def dqn_steps(device, watch, tmp_path, monkeypatch):
     """DQN's acting, storing, gradient step and target update, on real CartPole envs."""
     from rlstore.envs import make_vec_env
@@ -322,7 +368,7 @@ def test_meta_tensors_refuse_host_reads():
         torch.zeros(3, device="meta").numpy()
 
 
-@pytest.mark.parametrize("loop", [ppo_iteration, dqn_steps])
+@pytest.mark.parametrize("loop", [ppo_iteration, a2c_iteration, ppo_lstm_iteration, dqn_steps])
 def test_loop_reads_the_device_only_at_the_env_boundary(loop, env_boundary, tmp_path, monkeypatch):
     steps = loop(torch.device("meta"), contextlib.nullcontext(), tmp_path, monkeypatch)
     assert 0 < len(env_boundary) <= steps  # the actions, once per vector step at most
@@ -330,7 +376,7 @@ def test_loop_reads_the_device_only_at_the_env_boundary(loop, env_boundary, tmp_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("loop", [ppo_iteration, dqn_steps])
+@pytest.mark.parametrize("loop", [ppo_iteration, a2c_iteration, ppo_lstm_iteration, dqn_steps])
 def test_loop_never_synchronises_on_cuda_but_at_the_env_boundary(
     loop, env_boundary, tmp_path, monkeypatch
 ):

@@ -31,7 +31,7 @@ from rlstore.errors import UsageError
 from rlstore.masks import masks_of
 from rlstore.networks import policy_spec
 from rlstore.normalize import RewardScaler
-from rlstore.parts import take
+from rlstore.parts import map_parts
 from rlstore.recurrent_networks import (
     CnnRecurrentActorCritic,
     RecurrentActorCritic,
@@ -40,6 +40,7 @@ from rlstore.recurrent_networks import (
 )
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
+from rlstore.storage.arrays import to_device
 
 
 @dataclass
@@ -145,11 +146,16 @@ def compute_returns(
 
 def valid_batch(batch: Any, log_prob: torch.Tensor, entropy: torch.Tensor, value: torch.Tensor):
     """The real transitions of a sequence minibatch (pseudo-steps left out), flat, as PPO's
-    loss takes them: (RolloutBatch, log_prob, entropy, value)."""
-    valid = batch.valid
+    loss takes them: (RolloutBatch, log_prob, entropy, value). They are picked by index,
+    found from the batch's host flags: a mask would be read back from the device."""
+    index = to_device(batch.valid.reshape(-1).nonzero().squeeze(-1), log_prob.device)
+
+    def pick(x: torch.Tensor) -> torch.Tensor:  # (L, B, ...) -> (valid steps, ...)
+        return x.reshape(-1, *x.shape[2:])[index]
+
     fields = (batch.actions, batch.log_probs, batch.values, batch.advantages, batch.returns)
-    flat = RolloutBatch(take(batch.obs, valid), *(x[valid] for x in fields))
-    return flat, log_prob[valid], entropy[valid], value[valid]
+    flat = RolloutBatch(map_parts(pick, batch.obs), *(pick(x) for x in fields))
+    return flat, pick(log_prob), pick(entropy), pick(value)
 
 
 def update(

@@ -82,7 +82,9 @@ class RecurrentBatch(NamedTuple):
 
     `initial_state` (B, *state) is the state the first step of each sequence was taken
     from; before each later step t the state is zeroed where `episode_starts[t]`. `valid`
-    marks real transitions (pseudo-steps are False): losses average over those only."""
+    marks real transitions (pseudo-steps are False): losses average over those only.
+    `valid` and `episode_starts` are host tensors, as the storage keeps its flags: a policy
+    on a GPU finds its cuts and indexes its valid steps without reading the device back."""
 
     obs: Tree
     actions: torch.Tensor
@@ -500,7 +502,9 @@ class RolloutStorage:
 
     def flatten(self) -> dict[str, torch.Tensor]:
         """The valid transitions of the rollout as flat tensors (pseudo-steps left out)."""
-        keep = to_device(self.valid[: self.step].reshape(-1), self.device)
+        # their indices from the host flags: a mask on the device would be read back
+        keep = np.flatnonzero(self._valid[: self.step])
+        keep = to_device(torch.from_numpy(keep), self.device)
 
         def flat(x: torch.Tensor) -> torch.Tensor:
             return x.reshape(-1, *x.shape[2:])[keep]
@@ -591,14 +595,14 @@ class RolloutStorage:
             chunked(x)
             for x in (self.actions, self.log_probs, self.values, self.advantages, self.returns)
         ]
-        flags = [to_device(chunked(x), self.device) for x in (self.valid, self.episode_starts)]
+        flags = [chunked(x) for x in (self.valid, self.episode_starts)]  # (host tensors)
         starts = self.recurrent_states[::L].reshape(count, *self.recurrent_state_shape)
-        order = to_device(torch.randperm(count, generator=generator), self.device)
-        for index in order.tensor_split(num_minibatches):
+        for host_index in torch.randperm(count, generator=generator).tensor_split(num_minibatches):
+            index = to_device(host_index, self.device)
             yield RecurrentBatch(
                 take(obs, (slice(None), index)),
                 *(x[:, index] for x in fields),
-                *(x[:, index] for x in flags),
+                *(x[:, host_index] for x in flags),
                 starts[index],
                 None if masks is None else masks[:, index],
             )
