@@ -177,6 +177,29 @@ def dqn_steps(device, watch, tmp_path, monkeypatch):
     return T
 
 
+def pendulum_buffer(device: torch.device) -> ReplayBuffer:
+    return ReplayBuffer(
+        100,
+        N,
+        (3,),
+        torch.float32,
+        action_shape=(1,),
+        action_dtype=torch.float32,
+        device=device,
+        seed=1,
+    )
+
+
+def act_and_store(agent, envs, buffer, device) -> None:
+    """T vector steps of a continuous-action agent on `envs` (Pendulum), stored."""
+    obs, _ = envs.reset(seed=1)
+    for _ in range(T):
+        action = agent.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
+        next_obs, reward, terminated, truncated, _ = envs.step(action)
+        buffer.add(obs, action, reward, next_obs, terminated, truncated)
+        obs = next_obs
+
+
 def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
     """SAC's, TD3's or DDPG's acting, storing, gradient steps (the actor's included) and
     target updates, on real Pendulum envs."""
@@ -189,23 +212,9 @@ def offpolicy_steps(algo, device, watch, tmp_path, monkeypatch):
     network = SquashedGaussianActorCritic if algo == "sac" else DeterministicActorCritic
     critics = {"critics": 1} if algo == "ddpg" else {}
     agent = network(3, space.low, space.high, (16, 16), **critics).to(device)
-    buffer = ReplayBuffer(
-        100,
-        N,
-        (3,),
-        torch.float32,
-        action_shape=(1,),
-        action_dtype=torch.float32,
-        device=device,
-        seed=1,
-    )
-    obs, _ = envs.reset(seed=1)
+    buffer = pendulum_buffer(device)
     with watch:
-        for _ in range(T):
-            action = agent.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
-            next_obs, reward, terminated, truncated, _ = envs.step(action)
-            buffer.add(obs, action, reward, next_obs, terminated, truncated)
-            obs = next_obs
+        act_and_store(agent, envs, buffer, device)
         assert buffer.ready(32)
         if algo == "sac":
             cfg, target = sac.SACConfig(batch_size=32), copy.deepcopy(agent.critic)
@@ -317,24 +326,10 @@ def continuous_method_steps(algo, device, watch, tmp_path, monkeypatch):
         name: optimizer_for(part, device, monkeypatch)
         for name, part in (("actor", agent.actor), ("critic", agent.critic), ("alpha", entropy))
     }
-    buffer = ReplayBuffer(
-        100,
-        N,
-        (3,),
-        torch.float32,
-        action_shape=(1,),
-        action_dtype=torch.float32,
-        device=device,
-        seed=1,
-    )
+    buffer = pendulum_buffer(device)
     target_critic = copy.deepcopy(agent.critic)
-    obs, _ = envs.reset(seed=1)
     with watch:
-        for _ in range(T):
-            action = agent.act(torch.as_tensor(obs, device=device))[0].cpu().numpy()
-            next_obs, reward, terminated, truncated, _ = envs.step(action)
-            buffer.add(obs, action, reward, next_obs, terminated, truncated)
-            obs = next_obs
+        act_and_store(agent, envs, buffer, device)
         for number in (1, 2, 3):
             if algo == "crossq":
                 crossq.gradient_step(number, agent, entropy, optimizers, buffer, cfg, -1.0)
