@@ -103,6 +103,14 @@ class EvalArgs:
     best: bool = False
     """Evaluate best_model.pt, the policy of the best evaluation during training (a run
     trained with --eval-every), instead of the final model.pt."""
+    env: str | None = None
+    """Play on this env instead of the one the run recorded (an id, module:EnvId or
+    module:make_env, with the same spaces): for a run whose env cannot be rebuilt."""
+    action_masks: Literal["auto", "off"] = "auto"
+    """auto: a policy trained under action masks plays under the env's; off: without them."""
+    max_episode_steps: int | None = None
+    """Cut episodes after this many steps (default: the run's time limit, else the env's
+    own, else 10,000)."""
 
 
 @dataclass
@@ -408,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                 parsed.video,
                 parsed.checkpoint,
                 best=parsed.best,
+                env=parsed.env,
+                action_masks=parsed.action_masks,
+                max_episode_steps=parsed.max_episode_steps,
             )
             return 0
         elif command == "export":

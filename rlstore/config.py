@@ -87,7 +87,7 @@ class CommonConfig:
     encode, such as MiniGrid's text `mission` (`--drop-obs-keys mission`), or do not want."""
     action_masks: Literal["auto", "off"] = "auto"
     """auto: act under the env's action masks where it gives them, as info["action_mask"]
-    (Taxi-v4) or an action_masks() method (PPO, A2C, ppo_lstm, DQN); off: ignore them."""
+    (Taxi-v4) or an action_masks() method (sb3-contrib's); off: ignore them."""
     cnn_channels: tuple[int, ...] = (16, 32, 64)
     """Channels of the 2x2 convolutions of the CNN for images under 36 pixels a side
     (MiniGrid's 7x7 views; PPO, A2C, ppo_lstm, DQN). Larger images take the Nature CNN

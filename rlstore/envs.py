@@ -387,7 +387,33 @@ def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.Ve
         drop_obs_keys=cfg.drop_obs_keys,
         action_masks=masks,
     )
-    return TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
+    envs = TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
+    space = envs.single_action_space
+    return DiscreteFromZero(envs) if isinstance(space, spaces.Discrete) and space.start else envs
+
+
+class StartedDiscrete(spaces.Discrete):
+    """Discrete(n) for the algorithms, of an env whose actions are `env_start` +
+    0..n-1: saved policies give the env's own actions (policy_spec's action_start)."""
+
+    def __init__(self, space: spaces.Discrete) -> None:
+        super().__init__(int(space.n))
+        self.env_start = int(space.start)
+
+
+class DiscreteFromZero(gym.vector.VectorWrapper):
+    """A Discrete(n, start=s) action space as Discrete(n): the algorithms act in 0..n-1,
+    which this shifts by s for the envs. (Evaluation envs are not wrapped: they take a
+    saved policy's actions, which are the env's own.)"""
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.start = int(env.single_action_space.start)
+        self.single_action_space = StartedDiscrete(env.single_action_space)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, env.num_envs)
+
+    def step(self, actions: Any) -> tuple[Any, ...]:
+        return self.env.step(np.asarray(actions) + self.start)
 
 
 class TruncationAsTermination(gym.vector.VectorWrapper):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from rlstore.custom_envs import EnvMaker, parse_env_kwargs
 from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time_limit
 from rlstore.errors import UsageError
 from rlstore.goals import ended_successes, episode_success
-from rlstore.masks import ActionMasks, one_env_mask
+from rlstore.masks import MASK_SOURCES, ActionMasks, one_env_mask
 from rlstore.normalize import ObsNormalizer
 from rlstore.policy import BEST_MODEL, Policy, find_best_model, load_policy
 from rlstore.text import plural
@@ -88,16 +90,40 @@ def make_eval_envs(
     return envs if mask_source is None else ActionMasks(envs, mask_source)
 
 
+# An evaluation episode of an env with no time limit of its own is cut here: a deterministic
+# policy can repeat a move that changes nothing (2048 without masks) and never end.
+EVAL_STEP_LIMIT = 10_000
+
+
+def eval_step_limit(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> int | None:
+    """The step limit rlstore puts on evaluation episodes of `spec`: none where the run
+    gave one (--max-episode-steps) or the env has its own, else EVAL_STEP_LIMIT."""
+    if config.get("max_episode_steps") or spec.max_episode_steps or is_atari(spec):
+        return None
+    return EVAL_STEP_LIMIT
+
+
 def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> EnvMaker:
-    """What makes one env as the run's config made them: its time limit, --env-kwargs and
-    --wrapper (rlstore/custom_envs.py)."""
+    """What makes one env as the run's config made them: its time limit (or
+    eval_step_limit's), --env-kwargs and --wrapper (rlstore/custom_envs.py)."""
+    limit = config.get("max_episode_steps") or eval_step_limit(spec, config)
     return EnvMaker(
         spec.id,
         parse_env_kwargs(config.get("env_kwargs", ())),
         config.get("wrapper", ()),
         config.get("drop_obs_keys", ()),
-        **time_limit(config.get("max_episode_steps")),
+        **time_limit(limit),
     )
+
+
+def say_cut_episodes(lengths: list[int], limit: int | None, where: str) -> None:
+    """One line where eval_step_limit cut episodes (the env would have gone on)."""
+    cut = sum(length >= limit for length in lengths) if limit else 0
+    if cut:
+        print(
+            f"{where}: {cut} of {plural(len(lengths), 'episode')} cut at {limit:,} steps, as "
+            "the env has no time limit of its own; give one with --max-episode-steps"
+        )
 
 
 def make_video_env(env_id: str, config: dict[str, Any]) -> gym.Env:
@@ -118,14 +144,29 @@ def play_episodes(
     episodes: int,
     deterministic: bool,
     video_env: gym.Env | None = None,
+    progress: bool = False,
 ) -> tuple[list[float], list[int], list[np.ndarray], list[float]]:
     """Play `episodes` episodes: episode i starts from reset(seed=seed + i). torch's RNG (a
     stochastic policy's samples) is seeded with `seed` first. The episodes play side by
     side on `envs`, in batches of its num_envs, each sub-env one episode (what it does
     after its episode ends is not counted). With `video_env` (a rendering env), episode 0
     plays there alone, and its frames come back: (returns, lengths, frames, successes),
-    the successes of the episodes whose last step's info says (goal envs' is_success)."""
+    the successes of the episodes whose last step's info says (goal envs' is_success).
+    `progress`: a line on stderr every PROGRESS_SECONDS while it plays."""
     returns, lengths, frames = [0.0] * episodes, [0] * episodes, []
+    said = time.monotonic()
+
+    def report(done: int) -> None:
+        nonlocal said
+        if progress and time.monotonic() - said >= PROGRESS_SECONDS:
+            said = time.monotonic()
+            print(
+                f"rlstore eval: {done} of {plural(episodes, 'episode')} done, "
+                f"{sum(lengths):,} steps played",
+                file=sys.stderr,
+                flush=True,
+            )
+
     successes: list[float] = []
     torch.manual_seed(seed)
     first = 0
@@ -141,6 +182,7 @@ def play_episodes(
             frames.append(video_env.render())
             returns[0], lengths[0] = returns[0] + float(reward), lengths[0] + 1
             done = terminated or truncated
+            report(0)
         if (success := episode_success(info)) is not None:
             successes.append(success)
         first = 1
@@ -157,7 +199,11 @@ def play_episodes(
                 lengths[start + i] += 1
             successes += ended_successes(info, playing & (terminated | truncated))
             playing &= ~(terminated | truncated)
+            report(start + int((~playing[: episodes - start]).sum()))
     return returns, lengths, frames, successes
+
+
+PROGRESS_SECONDS = 10.0  # how often a long evaluation says where it is
 
 
 def success_rate(successes: list[float]) -> dict[str, float]:
@@ -197,11 +243,18 @@ def evaluate(
     checkpoint: str | Path | None = None,
     seed: int | None = None,
     best: bool = False,
+    env: str | None = None,
+    action_masks: str = "auto",
+    max_episode_steps: int | None = None,
 ) -> dict[str, Any]:
     """Roll out the run's policy for `episodes` episodes, with the policy's mode
     (deterministic, as SB3 and RL Zoo evaluate) or sampling. `best`: the run's
     best_model.pt (written by evaluation during training) instead of model.pt. Adds the
-    result to eval.json (one entry per model file and mode) and logs the eval scalars."""
+    result to eval.json (one entry per model file and mode) and logs the eval scalars.
+    `env`: another env id to play on (one of the same spaces: the way out for an env the run
+    cannot rebuild); `action_masks` "off": play without the env's masks; `max_episode_steps`:
+    cut episodes there (default: the run's time limit, the env's own, else
+    EVAL_STEP_LIMIT)."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise UsageError(f"{run_dir} does not exist; give a run directory such as runs/<dir>")
@@ -212,8 +265,16 @@ def evaluate(
     if best and checkpoint is not None:
         raise UsageError("--best and --checkpoint both name a file; give one of them")
     source = find_best_model(run_dir) if best else find_model(run_dir, checkpoint)
+    if max_episode_steps is not None and max_episode_steps < 1:
+        raise UsageError(f"--max-episode-steps must be at least 1 (got {max_episode_steps})")
     policy = load_policy(source)
-    cfg = policy.config
+    cfg = dict(policy.config)
+    env_id = policy.env_id if env is None else env
+    if env is not None:  # the run's constructor arguments and wrappers were for its own env
+        cfg = {k: v for k, v in cfg.items() if k not in ("env_kwargs", "wrapper")}
+    if max_episode_steps is not None:
+        cfg["max_episode_steps"] = max_episode_steps
+    mask_source = None if action_masks == "off" else policy.mask_source
     how = "greedy" if policy.greedy else "deterministic" if deterministic else "stochastic"
     what = {
         "greedy": "greedy on its Q-values",
@@ -221,18 +282,22 @@ def evaluate(
         "stochastic": "stochastic: actions sampled from the policy",
     }[how]
     print(
-        f"rlstore eval: {policy.algo} on {policy.env_id}, {source}, "
+        f"rlstore eval: {policy.algo} on {env_id}, {source}, "
         f"{plural(episodes, 'episode')}, {what}"
+        + (f", action masks from {MASK_SOURCES[mask_source]}" if mask_source else "")
     )
     if video:
-        check_video_support(policy.env_id, "--video")
-    envs = make_eval_envs(policy.env_id, cfg, episodes, policy.mask_source)
-    video_env = make_video_env(policy.env_id, cfg) if video else None
+        check_video_support(env_id, "--video")
+    envs = make_eval_envs(env_id, cfg, episodes, mask_source)
+    video_env = make_video_env(env_id, cfg) if video else None
     seed = eval_seed(cfg) if seed is None else seed  # not the training envs' seeds
-    returns, lengths, frames, successes = play_episodes(
-        policy, envs, seed, episodes, deterministic, video_env
-    )
-    envs.close()
+    try:
+        returns, lengths, frames, successes = play_episodes(
+            policy, envs, seed, episodes, deterministic, video_env, progress=True
+        )
+    finally:
+        envs.close()
+    say_cut_episodes(lengths, eval_step_limit(check_env_id(env_id), cfg), "rlstore eval")
     video_file = None
     if video_env is not None:
         video_file = new_video_path(run_dir / "videos", f"{source.stem}-{how}")
@@ -263,7 +328,7 @@ def evaluate(
                 writer.add_scalar("eval/success_rate", result["success_rate"], policy.global_step)
     rate = result.get("success_rate")
     print(
-        f"eval {policy.algo} {policy.env_id} ({plural(episodes, 'episode')}, {how}): "
+        f"eval {policy.algo} {env_id} ({plural(episodes, 'episode')}, {how}): "
         f"return {result['mean_return']:.1f} +- {result['std_return']:.1f}, "
         f"length {result['mean_length']:.1f} +- {result['std_length']:.1f}"
         + ("" if rate is None else f", success rate {rate:.2f}")
@@ -376,6 +441,8 @@ class Evaluator:
         finally:
             set_rng_state(training_rng)
             network.train(was_training)
+        limit = eval_step_limit(check_env_id(env_id), self.config)
+        say_cut_episodes(lengths, limit, f"evaluation at step {global_step:,}")
         result = {
             "global_step": global_step,
             "mean_return": float(np.mean(returns)),

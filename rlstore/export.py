@@ -110,6 +110,7 @@ class PolicyGraph(nn.Module):
             self.register_buffer("high", torch.as_tensor(info["action_high"], dtype=dtype))
             self.action_shape = tuple(info.get("env_action_shape", self.low.shape))
         self.num_actions = int(info.get("action_dim", 0))
+        self.action_start = int(info.get("action_start", 0))
 
     def inputs(self) -> list[Port]:
         ports = list(self.obs_ports)
@@ -165,8 +166,8 @@ class PolicyGraph(nn.Module):
         if self.recurrent:
             outputs.append(next_state)
         if self.values:
-            if self.greedy:
-                outputs.append(q)
+            if self.greedy:  # masked actions at -inf, as the action's argmax saw them
+                outputs.append(masked_q(q, mask))
             elif self.action_critic:
                 actions = self.network.deterministic_action(obs)
                 outputs.append(self.network.q_values(obs, actions.reshape(actions.shape[0], -1)))
@@ -183,7 +184,7 @@ class PolicyGraph(nn.Module):
             action = action.to(self.low.dtype)
             action = torch.minimum(torch.maximum(action, self.low), self.high)
             return action.reshape(action.shape[0], *self.action_shape)
-        return action
+        return action + self.action_start  # Discrete(n, start=s)
 
 
 # -- writing the file ---------------------------------------------------------------------

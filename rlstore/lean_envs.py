@@ -121,6 +121,19 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
         self.truncations[:] = truncations
         self.autoreset = self.terminations | self.truncations
 
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Each env's `name`, called with the arguments where it is a method (as
+        SyncVectorEnv.call: sb3-contrib's `action_masks()` is read so)."""
+        results = []
+        for env in self.envs:
+            attribute = env.get_wrapper_attr(name)
+            results.append(attribute(*args, **kwargs) if callable(attribute) else attribute)
+        return tuple(results)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Each env's attribute `name` (as SyncVectorEnv.get_attr)."""
+        return tuple(env.get_wrapper_attr(name) for env in self.envs)
+
     def close_extras(self, **kwargs: Any) -> None:
         for env in getattr(self, "envs", ()):  # (none if making the first env failed)
             env.close()

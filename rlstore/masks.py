@@ -22,6 +22,7 @@ import numpy as np
 from rlstore.errors import UsageError
 
 INFO_KEY = "action_mask"
+MASK_SOURCES = {"info": f'info["{INFO_KEY}"]', "method": "its action_masks() method"}
 
 
 def mask_width(action_space: gym.Space) -> int | None:

@@ -442,6 +442,8 @@ def policy_spec(
     spec |= network.spec_args()
     if action_masks is not None:
         spec["action_masks"] = action_masks
+    if getattr(action_space, "env_start", 0):  # Discrete(n, start=s): envs.StartedDiscrete
+        spec["action_start"] = action_space.env_start
     if spec.get("continuous"):
         spec |= {
             "action_low": action_space.low.tolist(),

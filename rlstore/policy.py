@@ -5,6 +5,7 @@ and evaluation during training (rlstore/evaluate.py) play it."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from rlstore.action_heads import masked_q
 from rlstore.checkpoint import read_policy
 from rlstore.encoders import described_shape, description_of_spec
 from rlstore.errors import UsageError
+from rlstore.masks import MASK_SOURCES
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import as_tensors, first_part, is_shape, map_shapes, shape_leaves, take
 
@@ -52,6 +54,7 @@ class Policy:
         self.obs_normalizer = ObsNormalizer.from_state_dict(saved) if saved else None
         self.state: torch.Tensor | None = None  # a recurrent policy's, per batch row
         self.mask_source: str | None = info.get("action_masks")  # "info", "method" or None
+        self._said_unmasked = False  # (the warning of a masked policy called without masks)
 
     @property
     def recurrent(self) -> bool:
@@ -130,6 +133,15 @@ class Policy:
     ) -> np.ndarray:
         x, single = self._batch(obs)
         mask = () if action_mask is None else (self._mask(action_mask, single),)
+        if action_mask is None and self.mask_source is not None and not self._said_unmasked:
+            self._said_unmasked = True
+            warnings.warn(
+                f"this {self.algo} policy was trained under the env's action masks (from "
+                f"{MASK_SOURCES[self.mask_source]}) and is called without action_mask=: it "
+                "acts among all actions; pass the env's mask of each observation",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.greedy:
             action = masked_q(self.network.q_values(x), mask[0] if mask else None).argmax(-1)
         elif self.recurrent:
@@ -145,6 +157,8 @@ class Policy:
         action = action.cpu().numpy()
         if getattr(self.network, "head", None) is not None:  # MultiDiscrete, MultiBinary
             action = self.network.head.env_action(action)
+        if "action_start" in self.info:  # Discrete(n, start=s): the env's own actions
+            action = action + self.info["action_start"]
         if self.info.get("continuous"):  # in the action space's dtype (float32 mostly)
             dtype = np.dtype(self.info.get("action_dtype", "float32"))
             low, high = (np.asarray(self.info[k], dtype) for k in ("action_low", "action_high"))

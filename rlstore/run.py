@@ -63,6 +63,7 @@ from rlstore.machine import (
     resolve_device,
     skip_dynamo_import,
 )
+from rlstore.masks import MASK_SOURCES, masks_of
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import map_parts
 from rlstore.reporting import Progress, TrackingWriter, budget_notes, start_tracking
@@ -303,6 +304,12 @@ class Run:
             )
             for note in budget_notes(self.algo, cfg, self.preset):
                 print(f"rlstore: {note}")
+            masks = masks_of(state.envs)
+            if masks is not None:
+                print(
+                    f"rlstore: acting under the env's action masks, from "
+                    f"{MASK_SOURCES[masks.source]} (--action-masks off ignores them)"
+                )
         label = f"{self.algo} {cfg.env_id}"
         self.progress = Progress(cfg.steps_run, label, cfg.progress, self.global_step)
         self.start_time = time.perf_counter()

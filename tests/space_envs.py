@@ -291,7 +291,96 @@ class BadMask(gym.Env):
         return 0, 0.0, False, False, {"action_mask": np.ones(2, np.int8)}
 
 
+class MethodMaskedBox(gym.Env):
+    """MaskedPick's task with a one-hot Box observation (the lean sync vector env's kind)
+    and its masks from `action_masks()` (sb3-contrib's convention); raises on a masked
+    action."""
+
+    observation_space = spaces.Box(0, 1, (4,), np.float32)
+    action_space = spaces.Discrete(4)
+
+    def _observe(self):
+        self.state = int(self.np_random.integers(4))
+        self.forbidden = (self.state + 1 + int(self.np_random.integers(3))) % 4
+        return np.eye(4, dtype=np.float32)[self.state]
+
+    def action_masks(self):
+        return np.arange(4) != self.forbidden
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._observe(), {}
+
+    def step(self, action):
+        if int(action) == self.forbidden:
+            raise ValueError(f"MethodMaskedBox: action {action} is masked")
+        reward = float(int(action) == self.state)
+        return self._observe(), reward, False, False, {}
+
+
+class StartedActions(gym.Env):
+    """Discrete(3, start=5) actions: reward 1 for action 5 + state (a Discrete(3)
+    observation); raises on an action outside its space."""
+
+    observation_space = spaces.Discrete(3)
+    action_space = spaces.Discrete(3, start=5)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state = int(self.np_random.integers(3))
+        return self.state, {}
+
+    def step(self, action):
+        if not self.action_space.contains(int(action)):
+            raise ValueError(f"StartedActions: action {action} is not in {self.action_space}")
+        reward = float(int(action) == 5 + self.state)
+        self.state = int(self.np_random.integers(3))
+        return self.state, reward, False, False, {}
+
+
+class DeadEnd(gym.Env):
+    """info["action_mask"]: actions 0 and 1 of 3 allowed, none at the termination after 3
+    steps (allowed at an episode's end); reward 1 for action 1."""
+
+    observation_space = spaces.Box(0, 1, (1,), np.float32)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {"action_mask": np.array([1, 1, 0], np.int8)}
+
+    def step(self, action):
+        if int(action) == 2:
+            raise ValueError("DeadEnd: action 2 is masked")
+        self.t += 1
+        done = self.t == 3
+        mask = np.array([0, 0, 0] if done else [1, 1, 0], np.int8)
+        obs = np.full(1, self.t / 3, np.float32)
+        return obs, float(int(action) == 1), done, False, {"action_mask": mask}
+
+
+class Endless(gym.Env):
+    """Never ends, and is registered with no time limit (as 2048 is)."""
+
+    observation_space = spaces.Box(0, 1, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+if "Endless-v0" not in gym.registry:
+    gym.register("Endless-v0", entry_point=Endless)
+
 for _cls, _steps in (
+    (MethodMaskedBox, 5),
+    (StartedActions, 5),
+    (DeadEnd, 5),
     (ColorImage, 5),
     (BitParity, 5),
     (DiscreteTarget, 10),
@@ -313,6 +402,11 @@ for _cls, _steps in (
 def make_bit_parity(**kwargs):
     """An env made by a function, as rlstore.train(algo, env=make_bit_parity) takes it."""
     return gym.wrappers.TimeLimit(BitParity(**kwargs), max_episode_steps=5)
+
+
+def make_masked_pick():
+    """MaskedPick-v0 made by a function (rlstore eval --env space_envs:make_masked_pick)."""
+    return gym.wrappers.TimeLimit(MaskedPick(), max_episode_steps=5)
 
 
 def reward_per_step(env):

@@ -185,3 +185,57 @@ def test_eval_records_a_sac_video(tmp_path, monkeypatch):
     assert [p.name for p in (run_dir / "videos").glob("*.mp4")] == [
         "model-deterministic-episode-0.mp4"
     ]
+
+
+def test_evaluation_cuts_episodes_of_an_env_without_a_time_limit(tmp_path, capsys):
+    """Endless-v0 never ends and has no time limit: evaluation cuts its episodes at
+    EVAL_STEP_LIMIT (or --max-episode-steps) and says so; an env with a limit is not cut."""
+    import space_envs  # noqa: F401 (registers Endless-v0)
+
+    from rlstore.envs import check_env_id
+    from rlstore.evaluate import EVAL_STEP_LIMIT, eval_step_limit
+
+    assert eval_step_limit(check_env_id("space_envs:Endless-v0"), {}) == EVAL_STEP_LIMIT
+    assert eval_step_limit(check_env_id("space_envs:Endless-v0"), {"max_episode_steps": 9}) is None
+    assert eval_step_limit(check_env_id("CartPole-v1"), {}) is None
+    result = rlstore.train(
+        "ppo",
+        env="space_envs:Endless-v0",
+        total_timesteps=256,
+        num_envs=2,
+        num_steps=64,
+        logdir=str(tmp_path),
+        progress=False,
+    )
+    capsys.readouterr()
+    assert main(["eval", str(result.run_dir), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"2 of 2 episodes cut at {EVAL_STEP_LIMIT:,} steps" in out
+    assert f"length {EVAL_STEP_LIMIT:.1f}" in out
+    assert main(["eval", str(result.run_dir), "--episodes", "3", "--max-episode-steps", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "cut at" not in out and "return 7.0 +- 0.0" in out  # the user's limit: no notice
+
+
+def test_eval_plays_on_another_env_and_without_masks_when_asked(tmp_path, capsys):
+    import space_envs  # noqa: F401 (registers MaskedPick-v0)
+
+    result = rlstore.train(
+        "dqn",
+        env="space_envs:MaskedPick-v0",
+        total_timesteps=300,
+        learning_starts=100,
+        buffer_size=300,
+        logdir=str(tmp_path),
+        progress=False,
+    )
+    capsys.readouterr()
+    assert main(["eval", str(result.run_dir), "--episodes", "2"]) == 0
+    assert 'action masks from info["action_mask"]' in capsys.readouterr().out
+    # the env raises on a masked action: played without the masks, the policy meets one
+    with pytest.raises(ValueError, match="is masked"):
+        main(["eval", str(result.run_dir), "--episodes", "20", "--action-masks", "off"])
+    capsys.readouterr()
+    # --env: the env made by a function, which the run did not record
+    assert main(["eval", str(result.run_dir), "--env", "space_envs:make_masked_pick"]) == 0
+    assert "eval dqn space_envs:make_masked_pick (10 episodes" in capsys.readouterr().out

@@ -19,6 +19,7 @@ from rlstore.action_heads import MultiCategoricalHead, inverse_cdf
 from rlstore.algos.dqn import DQNConfig, td_loss
 from rlstore.errors import UsageError
 from rlstore.evaluate import evaluate
+from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.masks import ActionMasks, mask_source
 from rlstore.networks import QNetwork, sample_categorical
 from rlstore.storage.replay import ReplayBatch
@@ -415,3 +416,74 @@ def test_the_numpy_a2c_step_under_masks_is_the_torch_step():
         torch.testing.assert_close(fast[key], reference[key], rtol=1e-4, atol=1e-5)
     for mine, theirs in zip(agent.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+# -- the defects an independent check found (issue 78) ----------------------------------------
+
+
+def test_the_lean_sync_vector_env_calls_its_envs_methods_as_gymnasiums_does():
+    make = [lambda: gym.make("space_envs:MethodMaskedBox-v0")] * 3
+    lean, sync = LeanSyncVectorEnv(make), gym.vector.SyncVectorEnv(make)
+    lean.reset(seed=4), sync.reset(seed=4)
+    for got, expected in zip(lean.call("action_masks"), sync.call("action_masks"), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert lean.get_attr("forbidden") == sync.get_attr("forbidden")
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_masks_from_an_action_masks_method_apply_with_the_default_vector_env(algo, tmp_path):
+    """sb3-contrib's convention with the defaults (fast paths on: the lean sync vector env);
+    the env raises on a masked action, in training and in evaluation."""
+    options = dict(learning_starts=128, buffer_size=512) if algo == "dqn" else dict(num_steps=32)
+    result = rlstore.train(
+        algo,
+        env="space_envs:MethodMaskedBox-v0",
+        total_timesteps=512,
+        logdir=str(tmp_path),
+        progress=False,
+        **options,
+    )
+    assert rlstore.load_policy(result.run_dir).mask_source == "method"
+    evaluate(result.run_dir, episodes=2)
+
+
+def test_pqn_max_q_is_zero_where_a_mask_allows_no_action():
+    from rlstore.algos.pqn import max_q
+
+    q = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    allowed = torch.tensor([[True, True, False], [False, False, False]])
+    value, greedy = max_q(lambda obs: q, None, allowed)
+    assert value.tolist() == [2.0, 0.0] and int(greedy[0]) == 1
+
+
+def test_pqn_stays_finite_when_a_terminal_mask_allows_no_action(tmp_path):
+    result = rlstore.train(
+        "pqn",
+        env="space_envs:DeadEnd-v0",
+        total_timesteps=1024,
+        num_envs=2,
+        num_steps=64,
+        logdir=str(tmp_path),
+        progress=False,
+    )
+    policy = rlstore.load_policy(result.run_dir)
+    assert np.isfinite(policy.q_values(np.zeros((3, 1), np.float32))).all()
+    assert all(torch.isfinite(p).all() for p in policy.network.state_dict().values())
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_discrete_action_space_with_a_start_gets_its_own_actions(algo, tmp_path):
+    """Discrete(3, start=5): the env raises on anything outside 5..7, in training and
+    evaluation; the saved policy answers in 5..7 and learns action 5 + state."""
+    options = dict(learning_starts=200, buffer_size=1000) if algo == "dqn" else {}
+    result = rlstore.train(
+        algo,
+        env="space_envs:StartedActions-v0",
+        total_timesteps=4096,
+        logdir=str(tmp_path),
+        progress=False,
+        **options,
+    )
+    evaluate(result.run_dir, episodes=2)
+    actions = rlstore.load_policy(result.run_dir)(np.array([0, 1, 2]))
+    assert actions.tolist() == [5, 6, 7]

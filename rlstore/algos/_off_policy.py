@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
+import tyro
 from torch import nn
 
 from rlstore.algos._shared import ReplayConfig, check_replay_fits, make_hindsight
@@ -41,6 +42,8 @@ class ContinuousOffPolicyConfig(ReplayConfig):
     total_timesteps: Count = 1_000_000
     num_envs: Count = 1
     """Number of parallel environments (one, as the references run)."""
+    # continuous actions take no masks: not a flag of theirs
+    action_masks: tyro.conf.Suppress[Literal["auto", "off"]] = "off"
     buffer_size: Count = 1_000_000
     """Replay buffer capacity in transitions."""
     buffer_device: str = "auto"

@@ -146,9 +146,14 @@ def max_q(
     q_network: nn.Module, obs: Any, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(V(s) = max Q, the greedy actions) over the allowed actions, left on the network's
-    device: only the actions cross to the host, at the env boundary."""
+    device: only the actions cross to the host, at the env boundary. An observation whose
+    mask allows no action (an episode's end may) has V = 0, not -inf: its value is never
+    bootstrapped from (a termination's, or a pseudo-step's), and 0 * -inf would be NaN."""
     with torch.inference_mode():
-        return masked_q(q_network(obs), mask).max(-1)
+        value, greedy = masked_q(q_network(obs), mask).max(-1)
+        if mask is not None:
+            value = value.masked_fill(~mask.any(-1), 0.0)
+        return value, greedy
 
 
 def pqn_update(
