@@ -62,6 +62,16 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporary files (atomic_save's `.NAME.XXXXXXXX.tmp`) that a process
+    killed while writing a checkpoint or model file into `directory` left there; the
+    files removed. Only for the process that holds the run's lock: no other is writing."""
+    stale = sorted(directory.glob(".*.pt.*.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def checkpoint_path(directory: Path, global_step: int) -> Path:
     """Where the checkpoint at `global_step` lives: directory/step_<12-digit step>.pt."""
     return Path(directory) / f"step_{global_step:012d}.pt"

@@ -41,6 +41,7 @@ from rlstore.checkpoint import (
     checkpoint_files,
     checkpoint_path,
     read_newest_checkpoint,
+    remove_stale_temporaries,
     rng_state,
     set_rng_state,
     write_checkpoint,
@@ -340,6 +341,8 @@ class Run:
             raise DiskFull(f"the disk is full ({exc.filename or self.dir}); {last}") from exc
 
     def _resume(self) -> None:
+        for directory in (self.dir, self.dir / "checkpoints"):  # a killed run's partial files
+            remove_stale_temporaries(directory)
         found = read_newest_checkpoint(self.dir / "checkpoints")
         if found is None:
             raise UsageError(f"{self.dir} has no valid checkpoint to resume from")
@@ -487,6 +490,7 @@ class Run:
         """Write the run's and the algorithm's state atomically; keep the newest K."""
         directory = self.dir / "checkpoints"
         directory.mkdir(exist_ok=True)
+        remove_stale_temporaries(directory)  # a killed writer's (this run holds the lock)
         path = checkpoint_path(directory, self.global_step)
         write_checkpoint(
             path,

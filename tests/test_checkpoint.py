@@ -136,6 +136,23 @@ def test_atomic_write_killed_midway_leaves_previous_checkpoint(tmp_path):
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
 
+def test_a_resume_removes_the_partial_files_a_killed_writer_left(tmp_path):
+    """kill -9 during atomic_save leaves its `.NAME.XXXXXXXX.tmp`; the resumed run (holding
+    the run's lock) removes those of its own files and nothing else."""
+    _, cfg = SETUPS["ppo"]
+    run_dir = ppo.train(replace(cfg, logdir=str(tmp_path))).run_dir
+    stale = [
+        run_dir / "checkpoints" / ".step_000000000999.pt.k1ll3d00.tmp",
+        run_dir / ".model.pt.k1ll3d01.tmp",
+    ]
+    kept = [run_dir / "notes.tmp", run_dir / "checkpoints" / ".mine.txt"]
+    for path in stale + kept:
+        path.write_bytes(b"\x80partial")
+    assert main(["resume", str(run_dir), "--total-timesteps", str(cfg.total_timesteps + 512)]) == 0
+    assert not any(path.exists() for path in stale) and all(path.exists() for path in kept)
+    assert not list(run_dir.rglob("*.pt.*.tmp"))
+
+
 def test_torchs_short_write_on_a_full_disk_is_named_as_one(tmp_path, monkeypatch):
     """torch.save reports a write that ran out of room as a RuntimeError ("unexpected pos");
     atomic_save names it ENOSPC when the file system has no room for what was written, and
