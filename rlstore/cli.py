@@ -16,6 +16,7 @@ import io
 import json
 import re
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,6 +25,7 @@ import tyro
 
 from rlstore import __version__, algos
 from rlstore.config import flag, not_a_run_dir
+from rlstore.custom_envs import load_pickled_env
 from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, quiet_disk_full_in_threads
 from rlstore.executor import finished_steps
 from rlstore.presets import (
@@ -37,7 +39,8 @@ from rlstore.presets import (
 )
 
 USAGE = """\
-usage: rlstore {train,presets,resume,eval,export,benchmark,plot,sweep} ... | rlstore --version
+usage: rlstore {train,presets,resume,eval,export,check-env,benchmark,plot,sweep} ...
+       rlstore --version
 
 rlstore: a reference RL trainer built around correct, resumable storage.
 
@@ -49,6 +52,7 @@ commands:
   resume DIR   continue an interrupted run from its newest checkpoint
   eval DIR     evaluate a run's trained policy
   export DIR   the policy as one ONNX or TorchScript file, with a model card
+  check-env ENV   try your env the way training will, before you spend a run
   benchmark SUITE   run a suite of algorithms x envs x seeds; results table and curves
   plot DIR...  learning curves (mean +- std over seeds) from runs' TensorBoard files
   sweep SPEC   tune hyperparameters with Ray Tune and Optuna, several seeds per trial
@@ -72,6 +76,9 @@ class ResumeArgs:
     torch_threads: int | Literal["auto"] | None = None
     """Torch intra-op threads; default: the run's own setting. Another count can change the
     arithmetic's rounding, so the resumed run may then differ from an uninterrupted one."""
+    trust_env_code: bool = False
+    """Load the env a run saved as code (env.pkl: rlstore.train's pickle_env), which runs
+    that code: only for runs you trust."""
 
 
 @dataclass
@@ -111,6 +118,30 @@ class EvalArgs:
     max_episode_steps: int | None = None
     """Cut episodes after this many steps (default: the run's time limit, else the env's
     own, else 10,000)."""
+    trust_env_code: bool = False
+    """Load the env a run saved as code (env.pkl: rlstore.train's pickle_env), which runs
+    that code: only for runs you trust."""
+
+
+@dataclass
+class CheckEnvArgs:
+    """Try an env the way training will take it: Gymnasium's env checker, which algorithms
+    take its spaces, the encoder and action head they get, its action masks, hindsight
+    replay, resume, and random steps through rlstore's checks. Exit 0 when training can
+    start, 2 when it cannot."""
+
+    env: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV")]
+    """An env id, module:EnvId (a module that registers it) or module:make_env."""
+    env_kwargs: tuple[str, ...] = ()
+    """Keyword arguments of the env's constructor, KEY=VALUE each (as rlstore train's)."""
+    wrapper: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """A wrapper of the env, module:Callable; repeat the flag for more (as rlstore train's)."""
+    drop_obs_keys: tuple[str, ...] = ()
+    """Keys of Dict observations to leave out (as rlstore train's)."""
+    steps: int = 300
+    """Random steps to take through the checks."""
+    seed: int = 0
+    """The seed of the env's resets and of the random actions."""
 
 
 @dataclass
@@ -297,8 +328,40 @@ def parse_args(cls: type, args: list[str], prog: str, **kwargs: Any) -> Any:
     except SystemExit as e:
         if not e.code:  # --help
             raise
-        message = _unknown_flags(cls, args) or _box_message(captured.getvalue())
+        message = (
+            _switch_given_a_value(cls, args)
+            or _unknown_flags(cls, args)
+            or _box_message(captured.getvalue())
+        )
         raise UsageError(f"{message}; see `{prog} --help`") from None
+
+
+BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def _switch_given_a_value(cls: type, args: list[str]) -> str | None:
+    """'--progress is a switch and takes no value (got False): write --progress or
+    --no-progress' for the first boolean flag in args given a value, else None."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        if typing.get_origin(hints[f.name]) is typing.Annotated:
+            kind = typing.get_args(hints[f.name])[0]
+        else:
+            kind = hints[f.name]
+        if kind is not bool:
+            continue
+        name = flag(f.name)
+        for i, arg in enumerate(args):
+            value = arg.partition("=")[2] if arg.startswith(name + "=") else None
+            if arg in (name, "--no-" + name[2:]) and i + 1 < len(args):
+                following = args[i + 1]
+                value = None if following.startswith("-") else following
+            if value is not None and value.lower() in BOOLEAN_WORDS:
+                return (
+                    f"{name} is a switch and takes no value (got {value}): write {name} or "
+                    f"--no-{name[2:]}"
+                )
+    return None
 
 
 def _unknown_flags(cls: type, args: list[str]) -> str | None:
@@ -366,6 +429,7 @@ def parse_resume(args: list[str]):
     cfg = dataclasses.replace(cfg, **changes)
     if not any((run_dir / "checkpoints").glob("step_*.pt")):
         raise UsageError(f"{run_dir} has no checkpoint to resume from")
+    load_pickled_env(cfg.env_id, run_dir, parsed.trust_env_code)
     return algo, cfg, run_dir
 
 
@@ -419,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 env=parsed.env,
                 action_masks=parsed.action_masks,
                 max_episode_steps=parsed.max_episode_steps,
+                trust_env_code=parsed.trust_env_code,
             )
             return 0
         elif command == "export":
@@ -471,6 +536,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rlstore plot: {describe(group)}")
             print(f"rlstore plot: wrote {', '.join(filter(None, (png, parsed.csv)))}")
             return 0
+        elif command == "check-env":
+            parsed = parse_args(CheckEnvArgs, rest, "rlstore check-env")
+            from rlstore.check_env import check_env
+
+            return check_env(
+                parsed.env,
+                parsed.env_kwargs,
+                parsed.wrapper,
+                parsed.drop_obs_keys,
+                parsed.steps,
+                parsed.seed,
+            )
         elif command == "sweep":
             parsed = parse_args(SweepArgs, rest, "rlstore sweep")
             from rlstore.sweep import sweep

@@ -153,6 +153,10 @@ class CommonConfig:
     Gymnasium's own vector envs everywhere, the reference the fast paths are tested
     against (the same algorithm, slower; results differ from auto's by rounding)."""
 
+    check_finite: Literal["on", "off"] = "on"
+    """on: a NaN or inf in an observation or reward the env returns, or in a logged loss,
+    stops the run with one line (its last checkpoint kept); off: train on them anyway."""
+
     @property
     def use_fast_paths(self) -> bool:
         """Whether the fast paths may run (fast_paths = "auto")."""

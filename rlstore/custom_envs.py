@@ -12,16 +12,22 @@ later process imports the module and finds the function again.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import os
+import re
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from rlstore.env_checks import CheckedEnv
 from rlstore.errors import UsageError
+from rlstore.files import atomic_write_bytes
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -84,10 +90,13 @@ def _attribute(obj: Any, dotted: str) -> Any:
     return obj
 
 
-def wrap(env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = ()) -> gym.Env:
+def wrap(
+    env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = (), check_finite: bool = True
+) -> gym.Env:
     """`env` wrapped by each "module:Callable" in order (each must return a gymnasium
-    Env), then without the Dict observation keys `drop_keys` (--drop-obs-keys), and with
-    Box actions of more than one dimension flattened (FlatBoxActions)."""
+    Env), then without the Dict observation keys `drop_keys` (--drop-obs-keys), with Box
+    actions of more than one dimension flattened (FlatBoxActions), and what it returns
+    checked against its spaces (CheckedEnv; `check_finite`: NaN and inf too)."""
     for path in wrappers:
         wrapped = load_callable(path, "--wrapper")(env)
         if not isinstance(wrapped, gym.Env):
@@ -98,9 +107,9 @@ def wrap(env: gym.Env, wrappers: Sequence[str], drop_keys: Sequence[str] = ()) -
         env = wrapped
     env = without_keys(env, drop_keys) if drop_keys else env
     space = env.action_space
-    return (
-        FlatBoxActions(env) if isinstance(space, gym.spaces.Box) and len(space.shape) > 1 else env
-    )
+    if isinstance(space, gym.spaces.Box) and len(space.shape) > 1:
+        env = FlatBoxActions(env)
+    return CheckedEnv(env, check_finite)
 
 
 class FlatBox(gym.spaces.Box):
@@ -156,10 +165,12 @@ class EnvMaker:
         env_kwargs: dict[str, Any],
         wrappers: Sequence[str] = (),
         drop_keys: Sequence[str] = (),
+        check_finite: bool = True,
         **make_kwargs: Any,
     ) -> None:
         self.env_id, self.env_kwargs, self.wrappers = env_id, dict(env_kwargs), tuple(wrappers)
         self.drop_keys, self.make_kwargs = tuple(drop_keys), make_kwargs
+        self.check_finite = check_finite
 
     @property
     def wrapped(self) -> bool:
@@ -171,6 +182,7 @@ class EnvMaker:
             gym.make(self.env_id, **self.make_kwargs, **self.env_kwargs, **more),
             self.wrappers,
             self.drop_keys,
+            self.check_finite,
         )
 
     def check(self) -> None:
@@ -189,12 +201,24 @@ class EnvMaker:
         env.close()
 
 
-def env_id_of(env: Any) -> str:
-    """The env id that `rlstore.train(algo, env=...)` trains on: an id as it is, or a
-    function (or class) that returns an env, registered here as "module:name", which
-    other processes (rlstore eval, resume) find by importing the module."""
+# Envs that no later process can import (defined in the script that trains, a lambda, a
+# closure, a partial) are saved with the run as code when the user opts in: env ids
+# "pickled/NAME", their registration in the run's env.pkl (cloudpickle). Loading that file
+# runs code, so eval and resume load it only when told to (--trust-env-code).
+PICKLED = "pickled/"
+ENV_FILE = "env.pkl"
+# modules whose envs any process finds by their id
+STANDARD_MODULES = ("gymnasium", "rlstore", "ale_py", "shimmy")
+
+
+def env_id_of(env: Any, pickle_env: bool = False) -> str:
+    """The env id that `rlstore.train(algo, env=...)` trains on: an id as it is (or as
+    "module:id", where a module of the user's registers it), or a function (or class) that
+    returns an env, registered here as "module:name", which other processes (rlstore eval,
+    resume) find by importing the module. An env no later process can import is refused,
+    or with `pickle_env` registered as "pickled/NAME", for the run to save (save_pickled_env)."""
     if isinstance(env, str):
-        return with_its_module(env)
+        return with_its_module(env, pickle_env)
     if isinstance(env, gym.Env):
         raise UsageError(
             "env= takes an env id or a function that returns a new env (rlstore makes one "
@@ -203,26 +227,111 @@ def env_id_of(env: Any) -> str:
     if not callable(env):
         raise UsageError(f"env= takes an env id or a function, not a {type(env).__name__}")
     module, name = getattr(env, "__module__", None), getattr(env, "__qualname__", "")
-    if not module or "<" in name:  # a lambda or a function defined inside another
-        raise UsageError(
-            f"env={name or env!r} cannot be found again by rlstore eval or resume: define the "
-            "function at the top level of a module"
+    if module and module != "__main__" and name and "<" not in name:
+        register_callable(module, name, env)
+        return f"{module}:{name}"
+    label = name or getattr(getattr(env, "func", None), "__name__", "") or type(env).__name__
+    if not pickle_env:
+        where = (
+            "is defined in the script you run (__main__)"
+            if module == "__main__" and "<" not in label
+            else "is a lambda, a closure or a partial"
         )
-    register_callable(module, name, env)
-    return f"{module}:{name}"
+        raise UsageError(
+            f"env={label} {where}, which rlstore eval and resume cannot import: define it at "
+            "the top of a module you import (my_envs.py, env=my_envs.make_env), or pass "
+            "pickle_env=True to save it with the run (loading it runs its code: eval and "
+            "resume then need --trust-env-code)"
+        )
+    return register_pickled(label, entry_point=env)
 
 
-def with_its_module(env_id: str) -> str:
+def with_its_module(env_id: str, pickle_env: bool = False) -> str:
     """An id registered by a module outside Gymnasium (the user's own, imported before
     the run) as "module:id", so that a later process (rlstore eval, resume) imports the
-    module that registers it; other ids as they are."""
+    module that registers it; other ids as they are. An id that no importable module
+    registers (gym.register in the training script) is refused, or with `pickle_env`
+    registered again as "pickled/ID" (env_id_of)."""
     if ":" in env_id or env_id not in gym.registry:
         return env_id
-    entry = gym.spec(env_id).entry_point
+    spec = gym.spec(env_id)
+    entry = spec.entry_point
     module = entry.partition(":")[0] if isinstance(entry, str) else entry.__module__
-    if module.split(".")[0] in ("gymnasium", "rlstore", "ale_py", "shimmy"):
+    if module.split(".")[0] in STANDARD_MODULES or env_id.startswith(PICKLED):
         return env_id
-    return f"{module}:{env_id}"
+    if module != "__main__" and registers_on_import(module, env_id):
+        return f"{module}:{env_id}"
+    if not pickle_env:
+        raise UsageError(
+            f"{env_id} is registered by the script you run, not by a module rlstore eval and "
+            f"resume can import: move gym.register(...) to a module (my_envs.py) and train "
+            f"with env='my_envs:{env_id}', or pass pickle_env=True to save the env with the "
+            "run (loading it runs its code: eval and resume then need --trust-env-code)"
+        )
+    fields = {
+        f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init and f.name != "id"
+    }
+    return register_pickled(env_id, **fields)
+
+
+def registers_on_import(module: str, env_id: str) -> bool:
+    """Whether importing `module` in a new process (with this one's import path) registers
+    `env_id` (a module of the user's may define the env while their script registers it)."""
+    code = (
+        "import importlib, os, sys, gymnasium\n"
+        f"sys.path[:0] = {[p for p in sys.path if p]!r}\n"
+        "sys.path.append(os.getcwd())\n"
+        f"importlib.import_module({module!r})\n"
+        f"sys.exit(0 if {env_id!r} in gymnasium.registry else 3)"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def register_pickled(name: str, **spec: Any) -> str:
+    """Register an env under "pickled/NAME" (its registration replaced, if any): the id
+    of an env the run saves as code."""
+    env_id = PICKLED + (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "env")
+    gym.registry.pop(env_id, None)
+    gym.register(env_id, **spec)
+    return env_id
+
+
+def save_pickled_env(env_id: str, run_dir: Path) -> None:
+    """Write the registration of a "pickled/NAME" env into the run directory (env.pkl),
+    as code (cloudpickle): later processes load it with load_pickled_env."""
+    import cloudpickle
+
+    atomic_write_bytes(run_dir / ENV_FILE, cloudpickle.dumps(gym.spec(env_id)))
+
+
+def load_pickled_env(env_id: str, run_dir: Path, trust: bool) -> None:
+    """Register a "pickled/NAME" env from the run directory's env.pkl, which runs the code
+    it holds: only with `trust` (--trust-env-code); other ids need nothing."""
+    if not env_id.startswith(PICKLED) or env_id in gym.registry:
+        return
+    path = Path(run_dir) / ENV_FILE
+    if not path.is_file():
+        raise UsageError(
+            f"{run_dir} was trained on {env_id}, an env saved with the run, but its {ENV_FILE} "
+            "is missing; evaluate it with --env ID_OR_MODULE:FUNCTION"
+        )
+    if not trust:
+        raise UsageError(
+            f"{run_dir} was trained on an env saved with the run as code ({ENV_FILE}, by "
+            "cloudpickle); loading it runs that code: if you trust the run, add "
+            "--trust-env-code, or give the env with --env (rlstore eval)"
+        )
+    import pickle
+
+    try:
+        spec = pickle.loads(path.read_bytes())  # (cloudpickle's files load with pickle)
+    except Exception as e:
+        raise UsageError(f"{path} cannot be loaded here ({type(e).__name__}: {e})") from None
+    gym.registry[env_id] = spec
 
 
 def registered_id(module: str, name: str) -> str:

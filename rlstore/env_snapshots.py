@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlstore.env_checks import CheckedEnv
 from rlstore.files import array_to_saved, saved_to_array
 
 # Envs whose whole state is plain attributes (numbers, arrays, generators), Gymnasium's
@@ -136,6 +137,8 @@ def _load_chain(env: gym.Env, chain: list[dict[str, Any]]) -> Any:
         return env.replay(replay["seed"], replay["generator"], replay["actions"].numpy())
     layer = env
     for attributes in chain:
+        while isinstance(layer, CheckedEnv):  # (saved without it: _env_chain)
+            layer = layer.env
         if _MJDATA in attributes:
             _restore_mjdata(layer, attributes[_MJDATA])
         _restore(
@@ -175,7 +178,8 @@ def _env_chain(env: gym.Env) -> list[dict[str, Any]] | None:
         return None
     chain, layer = [], env
     while layer is not None:
-        chain.append(_attributes(layer))
+        if not isinstance(layer, CheckedEnv):  # (no state of the env's)
+            chain.append(_attributes(layer))
         layer = getattr(layer, "env", None) if isinstance(layer, gym.Wrapper) else None
     if _is_mujoco(base):
         import mujoco
@@ -349,6 +353,13 @@ class WorkerAccess(gym.Wrapper):
 
     def apply(self, function: Callable[[WorkerAccess], Any]) -> Any:
         return function(self)
+
+
+def saves_state(env: gym.Env, spec: gym.envs.registration.EnvSpec) -> bool:
+    """Whether checkpoints hold the state of `env` (one env of `spec`), so that a resumed
+    run continues it bit for bit (elsewhere: with freshly reset envs)."""
+    base = env.unwrapped
+    return type(base).__name__ in SAVEABLE_ENVS or _is_mujoco(base) or replayed(spec)
 
 
 def replayed(spec: gym.envs.registration.EnvSpec) -> bool:

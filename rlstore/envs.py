@@ -226,6 +226,7 @@ def make_vec_env(
     wrappers: Sequence[str] = (),
     drop_obs_keys: Sequence[str] = (),
     action_masks: str = "off",
+    check_finite: bool = True,
 ) -> gym.vector.VectorEnv:
     """Build `num_envs` copies of `env_id` as one NEXT_STEP-autoreset vector env, after
     checking that `algorithm` can train on its spaces (check_spaces).
@@ -243,6 +244,8 @@ def make_vec_env(
     Dict observations; an env wrapped so is stepped one by one (sync or async), not by a
     native vector env. `action_masks` "auto": where the env gives action masks, the vector
     env is an ActionMasks (rlstore/masks.py), whose `masks` are its envs' current ones.
+    Each env stepped one by one checks what it returns against its spaces
+    (rlstore/env_checks.py; `check_finite`: NaN and inf too).
     """
     spec = check_env_id(env_id)
     route_mujoco_warnings(spec)
@@ -252,7 +255,9 @@ def make_vec_env(
             f"--env-kwargs, --wrapper and --drop-obs-keys do not apply to Atari games yet "
             f"({env_id} gets rlstore's own preprocessing, docs/guides/atari.md); drop them"
         )
-    maker = EnvMaker(spec.id, env_kwargs, wrappers, drop_obs_keys, **time_limit(max_episode_steps))
+    maker = EnvMaker(
+        spec.id, env_kwargs, wrappers, drop_obs_keys, check_finite, **time_limit(max_episode_steps)
+    )
     if env_kwargs or maker.wrapped:  # one env first: its mistakes as one line, before copies
         maker.check()
     masks = None if action_masks == "off" or is_atari(spec) else mask_source_of(maker, seed)
@@ -328,7 +333,14 @@ def _make_gymnasium_vec_env(
     layers = (
         []
         if native
-        else [functools.partial(wrap, wrappers=maker.wrappers, drop_keys=maker.drop_keys)]
+        else [
+            functools.partial(
+                wrap,
+                wrappers=maker.wrappers,
+                drop_keys=maker.drop_keys,
+                check_finite=maker.check_finite,
+            )
+        ]
     )
     layers += [EpisodeRecorder] if mode in ("sync", "async") and replayed(spec) else []
     if mode == "async":
@@ -386,6 +398,7 @@ def make_training_envs(cfg: CommonConfig, algorithm: Algorithm) -> gym.vector.Ve
         wrappers=cfg.wrapper,
         drop_obs_keys=cfg.drop_obs_keys,
         action_masks=masks,
+        check_finite=cfg.check_finite == "on",
     )
     envs = TruncationAsTermination(envs) if cfg.truncation_as_termination else envs
     space = envs.single_action_space

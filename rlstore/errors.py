@@ -10,6 +10,11 @@ class UsageError(Exception):
     """A user mistake: the CLI prints the message on one line and exits with status 2."""
 
 
+class Diverged(UsageError):
+    """A loss or a parameter became NaN or inf: the run stops before it writes them (its
+    last checkpoint kept), in one line, exit 2."""
+
+
 class TrainingInterrupted(Exception):
     """SIGINT or SIGTERM arrived and a checkpoint was written; the CLI exits 130 or 143."""
 

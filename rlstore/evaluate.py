@@ -17,7 +17,7 @@ import torch
 from rlstore.atari import is_atari
 from rlstore.checkpoint import checkpoint_files
 from rlstore.config import not_a_run_dir
-from rlstore.custom_envs import EnvMaker, parse_env_kwargs
+from rlstore.custom_envs import EnvMaker, load_pickled_env, parse_env_kwargs
 from rlstore.envs import check_env_id, make_vec_env, route_mujoco_warnings, time_limit
 from rlstore.errors import UsageError
 from rlstore.goals import ended_successes, episode_success
@@ -112,6 +112,7 @@ def env_maker(spec: gym.envs.registration.EnvSpec, config: dict[str, Any]) -> En
         parse_env_kwargs(config.get("env_kwargs", ())),
         config.get("wrapper", ()),
         config.get("drop_obs_keys", ()),
+        config.get("check_finite", "on") == "on",
         **time_limit(limit),
     )
 
@@ -246,6 +247,7 @@ def evaluate(
     env: str | None = None,
     action_masks: str = "auto",
     max_episode_steps: int | None = None,
+    trust_env_code: bool = False,
 ) -> dict[str, Any]:
     """Roll out the run's policy for `episodes` episodes, with the policy's mode
     (deterministic, as SB3 and RL Zoo evaluate) or sampling. `best`: the run's
@@ -254,7 +256,8 @@ def evaluate(
     `env`: another env id to play on (one of the same spaces: the way out for an env the run
     cannot rebuild); `action_masks` "off": play without the env's masks; `max_episode_steps`:
     cut episodes there (default: the run's time limit, the env's own, else
-    EVAL_STEP_LIMIT)."""
+    EVAL_STEP_LIMIT). `trust_env_code`: load the env the run saved as code (env.pkl), which
+    runs that code (rlstore/custom_envs.py)."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise UsageError(f"{run_dir} does not exist; give a run directory such as runs/<dir>")
@@ -272,6 +275,8 @@ def evaluate(
     env_id = policy.env_id if env is None else env
     if env is not None:  # the run's constructor arguments and wrappers were for its own env
         cfg = {k: v for k, v in cfg.items() if k not in ("env_kwargs", "wrapper")}
+    else:
+        load_pickled_env(env_id, run_dir, trust_env_code)
     if max_episode_steps is not None:
         cfg["max_episode_steps"] = max_episode_steps
     mask_source = None if action_masks == "off" else policy.mask_source

@@ -36,6 +36,16 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         raise
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file beside it, then a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def no_room_for(size: int, folder: Path) -> bool:
     """Whether `folder`'s file system lacks room for `size` more bytes (and some slack)."""
     try:

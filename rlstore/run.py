@@ -19,6 +19,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import random
 import signal
 import sys
@@ -49,10 +50,12 @@ from rlstore.checkpoint import (
     write_summary,
 )
 from rlstore.config import CommonConfig, check_writable_dir, run_dir_prefix, validate
+from rlstore.custom_envs import PICKLED, save_pickled_env
+from rlstore.env_checks import EnvContractError
 from rlstore.env_snapshots import env_state, env_state_loads, load_env_state
 from rlstore.envs import check_env_id
 from rlstore.episode_stats import EpisodeStats
-from rlstore.errors import DiskFull, TrainingInterrupted, UsageError, is_disk_full
+from rlstore.errors import DiskFull, Diverged, TrainingInterrupted, UsageError, is_disk_full
 from rlstore.evaluate import Evaluator, check_video_support
 from rlstore.goals import ended_successes
 from rlstore.locks import DirectoryLock
@@ -68,6 +71,7 @@ from rlstore.masks import MASK_SOURCES, masks_of
 from rlstore.normalize import ObsNormalizer
 from rlstore.parts import map_parts
 from rlstore.reporting import Progress, TrackingWriter, budget_notes, start_tracking
+from rlstore.storage.replay import ReplayBuffer
 from rlstore.text import plural
 
 
@@ -163,6 +167,9 @@ class TrainingState:
         why = "cannot be saved" if state["envs"] is None else "was saved by another MuJoCo version"
         print(f"rlstore: {name} {why}; resuming with freshly reset envs", file=sys.stderr)
         obs, _ = self.envs.reset(seed=seed)
+        for part in self.parts.values():  # the episodes in the replay ended here
+            if isinstance(part, ReplayBuffer):
+                part.end_episodes()
         if self.obs is not None:
             self.obs = obs
         if self.on_fresh_envs is not None:
@@ -281,6 +288,8 @@ class Run:
             "versions": package_versions(),
         }
         (self.dir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+        if cfg.env_id.startswith(PICKLED) and self.resume_dir is None:
+            save_pickled_env(cfg.env_id, self.dir)  # (env.pkl: rlstore.train's pickle_env)
         if cfg.track:
             self.tracker = start_tracking(cfg, self.dir, record)
         if cfg.track_tensorboard:
@@ -330,6 +339,8 @@ class Run:
             self.close()  # (on a full disk the event file's last flush fails too)
         if self.state is not None:
             self.state.envs.close()
+        if isinstance(exc, (EnvContractError, Diverged)):  # the run stops here, in one line
+            raise type(exc)(f"{exc}; {self._where_it_stopped()}") from None
         if full:
             kept = checkpoint_files(self.dir / "checkpoints")
             last = (
@@ -339,6 +350,15 @@ class Run:
                 else "it has no checkpoint yet; free space, then train again"
             )
             raise DiskFull(f"the disk is full ({exc.filename or self.dir}); {last}") from exc
+
+    def _where_it_stopped(self) -> str:
+        kept = checkpoint_files(self.dir / "checkpoints")
+        last = (
+            f"its newest checkpoint, {kept[0].name}, is kept (rlstore resume {self.dir})"
+            if kept
+            else "it has no checkpoint"
+        )
+        return f"the run stopped at step {self.global_step:,}: {last}"
 
     def _resume(self) -> None:
         for directory in (self.dir, self.dir / "checkpoints"):  # a killed run's partial files
@@ -451,8 +471,18 @@ class Run:
         )
 
     def log_scalars(self, scalars: dict[str, Any]) -> None:
-        """Log one update's scalars (tensors are read here, not in the collect loop)."""
+        """Log one update's scalars (tensors are read here, not in the collect loop). A loss
+        (losses/*_loss) that is NaN or inf stops the run (Diverged), unless --check-finite
+        off."""
         self.last_log_step = self.global_step
+        if self.cfg.check_finite == "on":
+            for name, value in scalars.items():
+                if name.endswith("_loss") and not math.isfinite(float(value)):
+                    raise Diverged(
+                        f"{name} became {float(value)} by step {self.global_step:,}: the "
+                        "update diverged (a learning rate too high, or NaN or inf in what "
+                        "it learnt from); --check-finite off trains on anyway"
+                    )
         elapsed = max(time.perf_counter() - self.start_time, 1e-9)
         sps = (self.global_step - self.start_step) / elapsed
         if self.writer is not None:
@@ -488,6 +518,8 @@ class Run:
 
     def save_checkpoint(self) -> Path:
         """Write the run's and the algorithm's state atomically; keep the newest K."""
+        if self.cfg.check_finite == "on":  # never a checkpoint or model of NaN weights
+            self._check_parameters()
         directory = self.dir / "checkpoints"
         directory.mkdir(exist_ok=True)
         remove_stale_temporaries(directory)  # a killed writer's (this run holds the lock)
@@ -510,6 +542,15 @@ class Run:
             old.unlink()
         self._call("on_checkpoint", path)
         return path
+
+    def _check_parameters(self) -> None:
+        for name, parameter in self.state.policy.named_parameters():
+            if not torch.isfinite(parameter).all():
+                raise Diverged(
+                    f"the network's {name} holds NaN or inf at step {self.global_step:,}: "
+                    "the update diverged (a learning rate too high, or NaN or inf in what it "
+                    "learnt from); --check-finite off trains on anyway"
+                )
 
     def _call(self, hook: str, *args: Any) -> None:
         """Call `hook` of every callback; the first that returns False stops the run."""

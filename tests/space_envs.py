@@ -374,6 +374,57 @@ class Endless(gym.Env):
         return np.zeros(1, np.float32), 1.0, False, False, {}
 
 
+class Broken(gym.Env):
+    """Box(3,) float32 observations, Discrete(2) actions, reward 1, 20 steps an episode;
+    from its `at`-th step on (counted over its episodes) it returns what `mode` says:
+    "nan_obs", "inf_reward", "shape" (4 entries), "float64", "list", "huge_reward" (1e30:
+    finite, but a value loss overflows)."""
+
+    observation_space = spaces.Box(-1, 1, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, mode="nan_obs", at=10):
+        self.mode, self.at, self.t, self.steps = mode, at, 0, 0
+
+    def _observe(self):
+        obs = np.zeros(3, np.float32)
+        if self.steps < self.at:
+            return obs
+        if self.mode == "nan_obs":
+            obs[1] = np.nan
+        return {
+            "shape": np.zeros(4, np.float32),
+            "float64": obs.astype(np.float64),
+            "list": obs.tolist(),
+        }.get(self.mode, obs)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        self.t, self.steps = self.t + 1, self.steps + 1
+        late = self.steps >= self.at
+        reward = {"inf_reward": np.inf, "huge_reward": 1e30}.get(self.mode, 1.0) if late else 1.0
+        return self._observe(), reward, False, self.t == 20, {}
+
+
+if "Broken-v0" not in gym.registry:
+    gym.register("Broken-v0", entry_point=Broken)
+
+
+class Unseeded(Endless):
+    """Endless, but its reset ignores the seed (Gymnasium's checker says so; it trains)."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.random.random(1).astype(np.float32), {}
+
+
+if "Unseeded-v0" not in gym.registry:
+    gym.register("Unseeded-v0", entry_point=Unseeded, max_episode_steps=5)
+
 if "Endless-v0" not in gym.registry:
     gym.register("Endless-v0", entry_point=Endless)
 

@@ -115,6 +115,23 @@ def test_tyro_errors_are_one_line_naming_the_subcommand_help(logdir, capsys):
     assert err.rstrip().endswith("see `rlstore train dqn --help`")
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["train", "ppo", "--progress", "False"], "--progress is a switch and takes no value"),
+        (["train", "ppo", "--progress=false"], "(got false): write --progress or --no-progress"),
+        (["train", "dqn", "--double-dqn", "True"], "write --double-dqn or --no-double-dqn"),
+        (["train", "ppo", "--no-norm-obs", "0"], "--norm-obs is a switch and takes no value"),
+        (["eval", "runs/x", "--stochastic", "yes"], "write --stochastic or --no-stochastic"),
+        (["resume", "runs/x", "--progress", "off"], "write --progress or --no-progress"),
+    ],
+)
+def test_a_switch_given_a_value_names_both_forms(args, says, logdir, capsys):
+    assert main([*args, "--logdir", logdir] if args[0] == "train" else args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+
+
 def test_a_replay_buffer_that_does_not_fit_is_refused_before_anything_is_made(
     monkeypatch, logdir, capsys
 ):

@@ -153,7 +153,7 @@ def make_in_a_function():
     "env, message",
     [
         (gym.make("CartPole-v1"), "not an env object: pass e.g. env=make_env, not make_env()"),
-        (lambda: gym.make("CartPole-v1"), "cannot be found again by rlstore eval or resume"),
+        (lambda: gym.make("CartPole-v1"), "is a lambda, a closure or a partial, which rlstore"),
         (3, "env= takes an env id or a function, not a int"),
     ],
 )
@@ -226,3 +226,67 @@ def test_the_console_command_finds_a_module_in_the_working_directory(tmp_path):
         env={**os.environ, "PYTHONPATH": tests_dir},
     )
     assert done.returncode == 0, done.stderr
+
+
+SCRIPT = """
+import functools, sys
+import gymnasium as gym
+import rlstore
+from rlstore.errors import UsageError
+from space_envs import BitParity
+
+def make():
+    return gym.wrappers.TimeLimit(BitParity(), max_episode_steps=5)
+
+class Tiny(BitParity):
+    pass
+
+gym.register("MyTiny-v0", entry_point=Tiny, max_episode_steps=5)
+gym.register("ScriptBits-v0", entry_point="space_envs:BitParity", max_episode_steps=5)
+TINY = dict(total_timesteps=1024, num_steps=64, progress=False, logdir=sys.argv[1])
+for env in (make, lambda: make(), functools.partial(make), "MyTiny-v0", "ScriptBits-v0"):
+    try:
+        rlstore.train("ppo", env=env, **TINY)
+    except UsageError as e:
+        print("refused:", e)
+    print("run:", rlstore.train("ppo", env=env, pickle_env=True, **TINY).run_dir)
+"""
+
+
+def test_envs_of_the_training_script_are_refused_or_saved_with_the_run(tmp_path, capsys):
+    """A function of the script (__main__), a lambda, a partial, an id the script registers
+    (entry point in the script, or in a module that does not register the id): refused
+    before training, or with pickle_env saved as env.pkl, which eval and resume load only
+    with --trust-env-code."""
+    (tmp_path / "script.py").write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "script.py"), str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("refused:")]
+    runs = [Path(line.split(": ", 1)[1]) for line in lines if line.startswith("run:")]
+    assert "env=make is defined in the script you run (__main__)" in refused[0]
+    assert "env=<lambda> is a lambda, a closure or a partial" in refused[1]
+    assert "env=make is a lambda, a closure or a partial" in refused[2]
+    for line in refused[3:]:
+        assert "is registered by the script you run, not by a module" in line
+    assert len(refused) == 5 and len(runs) == 5
+    assert len(list((tmp_path / "runs").iterdir())) == 5  # the refusals made no run
+    for run_dir in runs:
+        assert (run_dir / "env.pkl").is_file()
+        env_id = json.loads((run_dir / "config.json").read_text())["env_id"]
+        assert env_id.startswith("pickled/"), env_id
+        gym.registry.pop(env_id, None)  # (as in a new process)
+        capsys.readouterr()
+        assert main(["eval", str(run_dir), "--episodes", "2"]) == 2
+        assert "loading it runs that code: if you trust the run" in capsys.readouterr().err
+        assert main(["eval", str(run_dir), "--episodes", "2", "--trust-env-code"]) == 0
+        assert "length 5.0 +- 0.0" in capsys.readouterr().out  # BitParity: five steps
+    gym.registry.pop(env_id)
+    args = ["resume", str(runs[-1]), "--total-timesteps", "2048", "--no-progress"]
+    assert main(args) == 2 and main([*args, "--trust-env-code"]) == 0

@@ -60,3 +60,26 @@ def test_docs_suite_and_sweep_examples_load(tmp_path):
     assert load_suite(suite).rows[0].band == (477.8, 500)
     loaded = load_spec(spec)
     assert loaded.seeds == [1, 2, 3] and "learning_rate" in loaded.space and loaded.early_stop
+
+
+def test_the_readme_names_the_algorithms_the_registry_gives_each_feature():
+    """README's lists of the algorithms with --her and with action masks are the registry's
+    (a new algorithm that takes them must be named there)."""
+    import dataclasses
+
+    from gymnasium import spaces
+
+    from rlstore import algos
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    listed = re.search(r"the algorithms with a replay buffer \(([^)]*)\) replay goal", readme)
+    names = {name.strip().lower().replace("-", "") for name in listed.group(1).split(",")}
+    with_her = {
+        a.name
+        for a in algos.all_algorithms()
+        if "her" in {f.name for f in dataclasses.fields(a.config)}
+    }
+    assert names == with_her
+    masked = {a.name for a in algos.all_algorithms() if a.action_masks}
+    discrete = {a.name for a in algos.all_algorithms() if a.takes(spaces.Discrete(2))}
+    assert masked == discrete  # "every algorithm for Discrete actions acts under the masks"

@@ -771,3 +771,33 @@ def test_box_actions_come_back_exactly_with_their_transitions():
             np.testing.assert_array_equal(actions[i], action)
             assert rewards[i] == reward
             np.testing.assert_array_equal(next_[i], next_obs)
+
+
+@pytest.mark.parametrize("told", [False, True])
+def test_end_episodes_cuts_a_stream_the_data_cannot_show(told):
+    """A SAME_STEP client whose reset observation equals the last next_obs ([2]): without
+    end_episodes the two episodes read as one stream (a 3-step window from [0] runs into
+    the next episode); told, the window stops at the cut and bootstraps from [2]."""
+    buffer = ReplayBuffer(100, 1, (1,), n_step=3, gamma=0.5, autoreset_mode="same_step", seed=0)
+    no = np.zeros(1, bool)
+    for obs, reward, next_obs in ((0, 1, 1), (1, 2, 2), (2, 4, 3), (3, 8, 4)):
+        if obs == 2 and told:
+            buffer.end_episodes(np.array([True]))
+        buffer.add(np.full((1, 1), obs), [0], [reward], np.full((1, 1), next_obs), no, no)
+    batch = buffer.sample(200)
+    first = batch.obs[:, 0] == 0
+    rewards, discounts = batch.rewards[first].unique(), batch.discounts[first].unique()
+    next_obs = batch.next_obs[first].unique()
+    if told:  # 1 + 0.5 * 2, then the cut
+        assert (rewards.tolist(), discounts.tolist(), next_obs.tolist()) == ([2.0], [0.25], [2])
+        assert len(buffer) == 4
+    else:  # 1 + 0.5 * 2 + 0.25 * 4 over the reset
+        assert (rewards.tolist(), discounts.tolist(), next_obs.tolist()) == ([3.0], [0.125], [3])
+    state = buffer.state_dict()
+    assert not state["ended"].any()
+    buffer.end_episodes()
+    copy = ReplayBuffer(100, 1, (1,), n_step=3, gamma=0.5, autoreset_mode="same_step")
+    copy.load_state_dict(buffer.state_dict())
+    assert copy.state_dict()["ended"].all()
+    with pytest.raises(ValueError, match="envs must be 1 booleans"):
+        buffer.end_episodes(np.ones(2, bool))

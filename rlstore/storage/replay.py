@@ -17,7 +17,9 @@ equals the previous next_obs after a done (SAME_STEP clients pass the reset obse
 next_obs at a termination, where it is never bootstrapped from).
 
 When some env's stream breaks (a manual or partial reset, or SAME_STEP autoreset), a break
-row keeps every env's previous next_obs and holds no transition. For the envs whose stream
+row keeps every env's previous next_obs and holds no transition. A break is found from the
+data (obs differs from the previous next_obs), or told: `end_episodes` (a reset observation
+can equal the last observation in small envs). For the envs whose stream
 goes on through it, the break row is a bridge: it repeats their observation, and n-step
 windows step over it.
 
@@ -291,6 +293,7 @@ class ReplayBuffer:
         # just loaded).
         self._last_next_obs: tuple[tuple[np.dtype, bytes], ...] | None = None
         self._last_done = np.zeros(num_envs, dtype=bool)
+        self._ended = np.zeros(num_envs, dtype=bool)  # told by end_episodes, until the next add
         self._bridge_rows: set[int] = set()  # rows with a bridge (rare): n-step checks them
         self.hindsight = hindsight
         self.episodes = EpisodeIndex(R, N) if hindsight is not None else None
@@ -369,6 +372,9 @@ class ReplayBuffer:
         if life_lost is not None:
             terminated = terminated | host_array(life_lost, "life_lost", (N,), torch.bool)
         continues = self._continues(obs)
+        if self._ended.any():  # (end_episodes: a new stream, whatever the data say)
+            continues = (np.ones(N, dtype=bool) if continues is None else continues) & ~self._ended
+            self._ended = np.zeros(N, dtype=bool)
         if continues is None:
             valid = ~self._last_done  # the step after a done is a pseudo-step
         else:
@@ -392,8 +398,8 @@ class ReplayBuffer:
     ) -> None:
         """add() for a one-env buffer of flat observations in host memory with uniform
         sampling, whose stream goes on (its obs is the previous add's next_obs, which the
-        caller knows): the same state as add(), from Python scalars, without add's checks
-        and batched bookkeeping (LeanDQNStep's fast path)."""
+        caller knows, and no end_episodes since): the same state as add(), from Python
+        scalars, without add's checks and batched bookkeeping (LeanDQNStep's fast path)."""
         host, row = self._host, self.cursor
         following = (row + 1) % self.rows
         valid = not self._last_done[0]  # the step after a done is a pseudo-step
@@ -412,6 +418,18 @@ class ReplayBuffer:
         self.cursor, self.added = following, self.added + 1
         self._last_next_obs = None  # (the next add() compares with the stored row)
         self._last_done[0] = (terminated or truncated) and self._pseudo_steps
+
+    def end_episodes(self, envs: Array | None = None) -> None:
+        """Say that the episodes of `envs` (one bool per env; None: every env) ended where the
+        data cannot show it: their next add starts a new stream even where its obs equals
+        the previous next_obs (a small env whose reset observation can repeat the last
+        one), so n-step windows and hindsight's episodes stop there (SB3's
+        truncate_last_trajectory). A break row is written at that add; the last
+        transition bootstraps from its next_obs, as at a time limit."""
+        ended = np.ones(self.num_envs, dtype=bool) if envs is None else np.asarray(envs, bool)
+        if ended.shape != (self.num_envs,):
+            raise ValueError(f"envs must be {self.num_envs} booleans, got shape {ended.shape}")
+        self._ended |= ended
 
     @property
     def last_done(self) -> np.ndarray:
@@ -765,6 +783,7 @@ class ReplayBuffer:
             priorities=self.priorities.leaves() if self.priorities else None,
             rng=self.generator.bit_generator.state,
             last_done=torch.from_numpy(self._last_done.copy()),  # a life loss is no reset
+            ended=torch.from_numpy(self._ended.copy()),
             autoreset_mode=self.autoreset_mode,
         )
         if self.episodes is not None:
@@ -796,6 +815,8 @@ class ReplayBuffer:
             self._last_done = state["last_done"].numpy().copy()
         else:  # saved before life losses were kept apart
             self._last_done = self._host["terminated"][prev] | self._host["truncated"][prev]
+        ended = state.get("ended")  # (saved before end_episodes)
+        self._ended = np.zeros(self.num_envs, bool) if ended is None else ended.numpy().copy()
         self._count = int(self._host["valid"].sum())
         if self.frame_stack:
             self._count -= int((self._host["valid"] & self._host["lost"]).sum())
