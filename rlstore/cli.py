@@ -197,6 +197,11 @@ class BenchmarkArgs:
     seed: tuple[int, ...] = ()
     """Run only these seeds of each row (e.g. --seed 2); as --env. With --env and --algo:
     the runs all of them name."""
+    seeds: str | None = None
+    """Run every row on these seeds instead of the suite's own (4-10, or 4,7,9): a check on
+    seeds the rows were not developed on. Results go beside the suite's own, to
+    results-seeds-4-10.md and .json: each row's seeds in its band and the IQM of their
+    scores with a 95% interval."""
     status: bool = False
     """Run nothing: print where each run stands (steps, score so far, from its newest
     checkpoint while it is begun), the hours left and the results of the rows whose every
@@ -511,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 if given:
                     raise UsageError(f"--status runs nothing; drop {' and '.join(given)}")
-                return status(parsed.suite, parsed.out, parsed.env, parsed.algo, parsed.seed)
+                return status(
+                    parsed.suite, parsed.out, parsed.env, parsed.algo, parsed.seed, parsed.seeds
+                )
             return benchmark(
                 parsed.suite,
                 parsed.out,
@@ -522,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                 parsed.env,
                 parsed.algo,
                 parsed.seed,
+                parsed.seeds,
             )
         elif command == "plot":
             parsed = parse_args(PlotArgs, rest, "rlstore plot")

@@ -130,11 +130,12 @@ def status(
     envs: Sequence[str] = (),
     algos: Sequence[str] = (),
     seeds: Sequence[int] = (),
+    other_seeds: str | None = None,
 ) -> int:
     """`rlstore benchmark SUITE --status`: where each run stands (steps, score and steps to
     threshold so far, from a finished run's summary or a begun run's newest checkpoint) and
     the results of the rows whose every seed finished. Runs, writes and removes nothing."""
-    suite, out_dir = _suite_and_out(suite_arg, out, envs, algos, seeds)
+    suite, out_dir = _suite_and_out(suite_arg, out, envs, algos, seeds, other_seeds)
     lines = [
         "| row | env | seed | state | steps | score so far | reference band | steps to threshold |",
         "|---|---|---|---|---|---|---|---|",
@@ -212,11 +213,49 @@ def _suite_and_out(
     envs: Sequence[str] = (),
     algos: Sequence[str] = (),
     seeds: Sequence[int] = (),
+    other_seeds: str | None = None,
 ) -> tuple[Suite, Path]:
-    """The suite, or the part of it that `envs`, `algos` and `seeds` name, and its output
-    directory."""
+    """The suite, or the part of it that `envs`, `algos` and `seeds` name (with
+    `other_seeds`, --seeds: on those seeds instead of its own), and its output directory."""
     suite = suite_part(load_suite(find_suite(suite_arg)), envs, algos, seeds)
+    if other_seeds is not None:
+        suite = on_seeds(suite, parse_seeds(other_seeds))
     return suite, Path(out or Path("benchmarks") / suite.name).resolve()
+
+
+def parse_seeds(text: str) -> list[int]:
+    """--seeds: "4-10", "4,7,9" or "1-3,8" as the seeds in order, or a UsageError."""
+    seeds: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        if not (first.isdigit() and (not dash or last.isdigit())):
+            raise UsageError(f"--seeds takes seeds as 4-10 or 4,7,9, got '{text}'")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise UsageError(f"--seeds {text}: {part} counts down; write {high}-{low}")
+        seeds += [seed for seed in range(low, high + 1) if seed not in seeds]
+    return seeds
+
+
+def on_seeds(suite: Suite, seeds: list[int]) -> Suite:
+    """The suite on `seeds` instead of each row's own (a row's `need` scaled to as large a
+    share of them), named for its results files: results-seeds-4-10.md."""
+    rows = [
+        replace(row, seeds=seeds, need=row.need and -(-row.need * len(seeds) // len(row.seeds)))
+        for row in suite.rows
+    ]
+    return replace(suite, rows=rows, seeds_label=seeds_label(seeds))
+
+
+def seeds_label(seeds: Sequence[int]) -> str:
+    """ "4-10" for 4, 5, ..., 10; "1-3,8" for 1, 2, 3, 8."""
+    parts, start = [], 0
+    for i in range(1, len(seeds) + 1):
+        if i == len(seeds) or seeds[i] != seeds[i - 1] + 1:
+            first, last = seeds[start], seeds[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts)
 
 
 def suite_part(
@@ -266,13 +305,16 @@ def benchmark(
     envs: Sequence[str] = (),
     algos: Sequence[str] = (),
     seeds: Sequence[int] = (),
+    other_seeds: str | None = None,
 ) -> int:
+    """Run the suite (or the part --env, --algo and --seed name; with `other_seeds`, its
+    rows on those seeds), then write its results (results.md, or results-seeds-4-10.md)."""
     check_workers(workers)
     if gpus_per_run and address is None:
         raise UsageError(
             "--gpus-per-run needs --address: on this machine every run sees its GPUs already"
         )
-    suite, out_dir = _suite_and_out(suite_arg, out, envs, algos, seeds)
+    suite, out_dir = _suite_and_out(suite_arg, out, envs, algos, seeds, other_seeds)
     preflight(suite.rows)
     if address is None:
         executor = LocalExecutor(workers)
@@ -345,17 +387,21 @@ def _run_suite(suite: Suite, out_dir: Path, executor: Any, address: str | None, 
             )
         rows.append(row_result(row, runs))
     text = results_markdown(suite, rows, made_where())
-    aggregated = _aggregate(out_dir, suite.name, rows, plot)
+    # the suite's own seeds: results.md, aggregates and curves; other seeds (--seeds 4-10):
+    # results-seeds-4-10.md beside it, the rows' own numbers only
+    name = "results" + (f"-seeds-{suite.seeds_label}" if suite.seeds_label else "")
+    aggregated = "" if suite.seeds_label else _aggregate(out_dir, suite.name, rows, plot)
     if aggregated:
         text += "\n" + aggregated.replace(
             f"# Aggregate metrics: {suite.name}", "## Aggregate metrics"
         )
-    (out_dir / "results.md").write_text(text)
-    (out_dir / "results.json").write_text(json.dumps({"suite": suite.name, "rows": rows}, indent=1))
+    (out_dir / f"{name}.md").write_text(text)
+    record = {"suite": suite.name, "seeds": suite.seeds_label or None, "rows": rows}
+    (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1))
     print(text, end="")
-    if plot:
+    if plot and not suite.seeds_label:
         _plot_suite(out_dir, suite.rows)
-    print(f"rlstore benchmark: results in {out_dir}/results.md and results.json")
+    print(f"rlstore benchmark: results in {out_dir}/{name}.md and {name}.json")
     return 1 if any(r["below_band"] or r["too_few_reached"] for r in rows) else 0
 
 

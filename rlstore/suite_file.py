@@ -89,6 +89,7 @@ class Suite:
     rows: list[Row]
     window: int = 100
     description: str = ""
+    seeds_label: str = ""  # its rows on other seeds than the file's (--seeds 4-10): "4-10"
 
 
 def find_suite(value: str) -> Path:

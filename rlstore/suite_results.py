@@ -67,9 +67,35 @@ def run_result(
     }
 
 
+def iqm(scores: Sequence[float]) -> float:
+    """The interquartile mean: the mean of the middle half of the scores, int(n / 4) cut at
+    each end (scipy's trim_mean(scores, 0.25), as rliable computes it)."""
+    ordered = np.sort(np.asarray(scores, dtype=np.float64))
+    cut = int(0.25 * len(ordered))
+    return float(np.mean(ordered[cut : len(ordered) - cut]))
+
+
+BOOTSTRAP_SAMPLES = 5000
+
+
+def iqm_interval(scores: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the IQM over the seeds (the runs resampled
+    with replacement: rliable's stratified bootstrap, for one task)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(scores), size=(BOOTSTRAP_SAMPLES, len(scores)))
+    ordered = np.sort(scores[draws], axis=1)
+    cut = int(0.25 * len(scores))
+    means = ordered[:, cut : len(scores) - cut].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def row_result(row: Row, runs: list[dict]) -> dict:
     scores = [r["score"] for r in runs]
     mean, std = float(np.mean(scores)), float(np.std(scores))
+    # a seed is in the band at or above its low end (above it: better than the reference)
+    in_band = sum(score >= row.band[0] for score in scores) if row.band else None
     reached = [r["reached_at"] for r in runs if r["reached_at"] is not None]
     # the versions some seed ran on that the band was not scored under
     other_versions = sorted(
@@ -89,6 +115,9 @@ def row_result(row: Row, runs: list[dict]) -> dict:
         "seeds": row.seeds,
         "score_mean": mean,
         "score_std": std,
+        "in_band": in_band,
+        "iqm": iqm(scores),
+        "iqm_interval": list(iqm_interval(scores)),
         "band": list(row.band) if row.band else None,
         "source": row.source,
         "score": row.score,
@@ -149,11 +178,25 @@ def score_text(row: dict) -> str:
     return f"{row['score_mean']:.{digits}f} +- {row['score_std']:.{digits}f}{mark}"
 
 
+def iqm_text(row: dict) -> str:
+    """A row's IQM and interval, with score_text's digits ('-' from results before it)."""
+    if "iqm" not in row:
+        return "-"
+    digits = 2 if row["score"] == "success" else 3 if abs(row["score_mean"]) < 10 else 1
+    low, high = row["iqm_interval"]
+    return f"{row['iqm']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
 def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
+    command = f"rlstore benchmark {suite.name}"
+    title = f"# Benchmark: {suite.name}"
+    if suite.seeds_label:
+        command += f" --seeds {suite.seeds_label}"
+        title += f", seeds {suite.seeds_label}"
     lines = [
-        f"# Benchmark: {suite.name}",
+        title,
         "",
-        *([f"Made by `rlstore benchmark {suite.name}` with {made}.", ""] if made else []),
+        *([f"Made by `{command}` with {made}.", ""] if made else []),
         f"Score: per seed, the mean of the last {suite.window} training episode returns"
         + (
             " (rows marked (eval): the mean return of the final evaluation, the final policy "
@@ -179,9 +222,13 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         f"{REACH_WINDOW} returns (or of the count a row gives) met it. Wall time and "
         "steps/s: per run, mean over seeds.",
         "",
-        "| row | env | steps | seeds | score | reference band | steps to threshold "
-        "| wall s/run | steps/s | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Seeds in band: the seeds whose own score is at or above the band's low end; IQM: "
+        "the interquartile mean of the seeds' scores with its 95% bootstrap interval "
+        f"({BOOTSTRAP_SAMPLES:,} resamples of the seeds, as rliable's).",
+        "",
+        "| row | env | steps | seeds | score | reference band | seeds in band | IQM [95% CI] "
+        "| steps to threshold | wall s/run | steps/s | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         band = f"[{r['band'][0]:g}, {r['band'][1]:g}]" if r["band"] else "-"
@@ -203,9 +250,10 @@ def results_markdown(suite: Suite, rows: list[dict], made: str = "") -> str:
         if judged and r.get("other_versions"):
             scored = ", ".join(f"{package}{spec}" for package, spec in r["requires"].items())
             verdict += f" (band scored under {scored}; ran {', '.join(r['other_versions'])})"
+        in_band = "-" if r.get("in_band") is None else f"{r['in_band']}/{len(r['seeds'])}"
         lines.append(
             f"| {r['name']} | {r['env']} | {r['steps']:,} | {len(r['seeds'])} | "
-            f"{score_text(r)} | {band} | {to} | "
+            f"{score_text(r)} | {band} | {in_band} | {iqm_text(r)} | {to} | "
             f"{r['wall_seconds']:.1f} | {r['steps_per_second']:,.0f} | {verdict} |"
         )
     sources = [f"- {r['name']} on {r['env']}: {r['source']}" for r in rows if r["source"]]

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -925,3 +926,76 @@ def test_score_text_marks_sampled_evaluations_and_keeps_small_scores_readable():
     assert score_text({"score": "success", "score_mean": 0.847, "score_std": 0.057}) == (
         "0.85 +- 0.06 (success)"
     )
+
+
+def test_seeds_are_read_as_ranges_and_lists_and_labelled_back():
+    from rlstore.suite import parse_seeds, seeds_label
+
+    assert parse_seeds("4-10") == [4, 5, 6, 7, 8, 9, 10]
+    assert parse_seeds("1-3,8") == [1, 2, 3, 8] and parse_seeds("4, 7,9") == [4, 7, 9]
+    assert parse_seeds("2,2,1-3") == [2, 1, 3]  # each once, in the order given
+    for text in ("4-10", "1-3,8", "5", "1,3,5-6"):
+        assert seeds_label(parse_seeds(text)) == text
+    for text, message in [("a-b", "takes seeds as 4-10"), ("5-3", "5-3 counts down")]:
+        with pytest.raises(UsageError, match=message):
+            parse_seeds(text)
+
+
+def test_the_iqm_is_the_mean_of_the_middle_half_and_its_interval_holds_it():
+    from rlstore.suite_results import iqm, iqm_interval
+
+    assert iqm(range(1, 11)) == 5.5  # 3..8: two cut at each end
+    assert iqm([1.0, 2.0, 100.0]) == pytest.approx(103 / 3)  # three: none cut (int(0.75))
+    assert iqm([5, 1, 4, 2, 3, 100, -100, 0]) == 2.5  # sorted, two cut each end: 1..4
+    assert iqm_interval([7.0] * 10) == (7.0, 7.0)
+    scores = np.random.default_rng(1).normal(size=10)
+    low, high = iqm_interval(scores)
+    assert scores.min() <= low <= iqm(scores) <= high <= scores.max()
+    assert iqm_interval(scores) == (low, high)  # seeded: the page says the same each time
+
+
+@needs("rliable", "rliable")
+def test_the_iqm_is_rliables():
+    from rliable import metrics
+
+    from rlstore.suite_results import iqm
+
+    for n in (3, 7, 10):
+        scores = np.random.default_rng(n).normal(size=n)
+        assert iqm(scores) == pytest.approx(metrics.aggregate_iqm(scores[:, None]))
+
+
+def test_a_rows_seeds_in_band_count_those_at_or_above_its_low_end():
+    row = Row("ppo", "ppo", "CartPole-v1", 1000, list(range(1, 6)), band=(400.0, 500.0))
+    runs = [
+        {"score": s, "reached_at": None, "wall_seconds": 1.0, "steps_per_second": 1.0}
+        for s in (399.9, 400.0, 450.0, 500.0, 510.0)
+    ]
+    result = row_result(row, runs)
+    assert result["in_band"] == 4 and result["iqm"] == pytest.approx(450.0)
+    table = results_markdown(Suite("s", [row], seeds_label="1-5"), [result], "here")
+    assert table.startswith("# Benchmark: s, seeds 1-5\n")
+    assert "Made by `rlstore benchmark s --seeds 1-5` with here." in table
+    assert "| 4/5 | 450.0 [" in table
+    assert row_result(replace(row, band=None), runs)["in_band"] is None
+
+
+def test_other_seeds_run_the_rows_there_and_write_their_results_beside(tmp_path, capsys):
+    file = tmp_path / "two.toml"
+    file.write_text(
+        'seeds = [1, 2]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 512\nneed = 2\n'
+        "threshold = 1\nband = [5, 500]\noverrides = { num_steps = 64 }\n"
+    )
+    out = tmp_path / "out"
+    args = ["benchmark", str(file), "--out", str(out), "--no-plot", "--seeds", "3-5"]
+    assert main(args) == 0
+    assert "3 runs in" in capsys.readouterr().out
+    seeds = sorted(int(p.name.split("__")[2]) for p in (out / "runs").iterdir())
+    assert seeds == [3, 4, 5]
+    page = (out / "results-seeds-3-5.md").read_text()
+    assert "| 3/3 |" in page and "(need 3)" in page  # need 2 of 2 -> 3 of 3
+    assert json.loads((out / "results-seeds-3-5.json").read_text())["seeds"] == "3-5"
+    assert not (out / "results.md").exists()
+    assert main([*args[:-2], "--status", "--seeds", "3-5"]) == 0
+    said = capsys.readouterr().out
+    assert "3 runs in" in said and "3 finished" in said
