@@ -28,6 +28,7 @@ from rlstore.errors import UsageError
 
 CHECK_ENV_HINT = "rlstore check-env checks an env before training"
 _SAID: set[str] = set()  # the warnings given (casts, bounds)
+INTEGERS = (int, np.int64, np.int32)  # what Discrete observations come as
 
 
 class EnvContractError(UsageError):
@@ -141,8 +142,9 @@ class CheckedEnv(gym.Wrapper):
     holds no state of the env's: env snapshots skip it (rlstore/env_snapshots.py).
 
     The common cases take a fast test, a few attribute comparisons: an array of exactly
-    the declared shape and dtype (a float one summed, to see NaN and inf), or a Python int
-    in a Discrete space's range; anything else, and the first reset, the full check."""
+    the declared shape and dtype (a float one summed, to see NaN and inf), an integer in a
+    Discrete space's range, or a Dict of those; anything else, and the first reset, the
+    full check."""
 
     def __init__(self, env: gym.Env, check_finite: bool = True) -> None:
         super().__init__(env)
@@ -157,12 +159,45 @@ class CheckedEnv(gym.Wrapper):
         discrete = isinstance(space, spaces.Discrete)
         self._low = int(space.start) if discrete else None
         self._end = int(space.start + space.n) if discrete else None
+        # a Dict of Box and Discrete parts (MiniGrid's): each part's fast test
+        parts = space.spaces if isinstance(space, spaces.Dict) else {}
+        simple = all(isinstance(part, (spaces.Box, spaces.Discrete)) for part in parts.values())
+        self._parts = (
+            {key: CheckedEnv._PartTest(part, check_finite) for key, part in parts.items()}
+            if parts and simple
+            else None
+        )
         self._reset_once = False
+
+    class _PartTest:
+        """The fast test of one Box or Discrete part of a Dict observation."""
+
+        def __init__(self, space: gym.Space, check_finite: bool) -> None:
+            box = isinstance(space, spaces.Box)
+            self.shape, self.dtype = (space.shape, space.dtype) if box else (None, None)
+            self.float = box and space.dtype.kind == "f" and check_finite
+            self.low = None if box else int(space.start)
+            self.end = None if box else int(space.start + space.n)
+
+        def fits(self, part: Any) -> bool:
+            if part.__class__ in INTEGERS:
+                return self.low is not None and self.low <= part < self.end
+            if part.__class__ is not np.ndarray or part.dtype is not self.dtype:
+                return False
+            if part.shape != self.shape:
+                return False
+            return not self.float or math.isfinite(np.add.reduce(part, axis=None))
 
     def _fits(self, obs: Any) -> bool:
         """The fast test (a False sends the observation to the full check)."""
-        if obs.__class__ is int:
+        if obs.__class__ in INTEGERS:
             return self._low is not None and self._low <= obs < self._end
+        if self._parts is not None:
+            return (
+                isinstance(obs, dict)
+                and obs.keys() == self._parts.keys()
+                and all(test.fits(obs[key]) for key, test in self._parts.items())
+            )
         if obs.__class__ is not np.ndarray or obs.dtype is not self._dtype:
             return False
         if obs.shape != self._shape:

@@ -198,3 +198,32 @@ def test_a_loss_that_overflows_stops_the_run_naming_it(tmp_path):
     # --check-finite off: the user's choice; the run ends (the loss is inf)
     broken_run("huge_reward", tmp_path / "off", check_finite="off")
     broken_run("nan_obs", tmp_path / "off", check_finite="off")
+
+
+class Shell(gym.Env):
+    """An env of a given observation space, for CheckedEnv's fast test."""
+
+    def __init__(self, space):
+        self.observation_space, self.action_space = space, spaces.Discrete(2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_the_fast_test_passes_only_what_the_full_check_passes_unchanged(seed):
+    """A Dict of a float Box and a Discrete part (MiniGrid's kind): samples pass the fast
+    test, and so does the full check, unchanged; each broken copy fails the fast test."""
+    space = spaces.Dict({"pos": BOX, "cell": spaces.Discrete(3, start=2)})
+    space.seed(seed)
+    checked = CheckedEnv(Shell(space))
+    obs = space.sample()
+    assert checked._fits(obs) and check_observation(space, obs, True) == (obs, [])
+    assert checked._fits({**obs, "cell": int(obs["cell"])})  # a Python int too
+    nan = obs["pos"].copy()
+    nan[seed % 3] = np.nan
+    for broken in (
+        {**obs, "pos": nan},
+        {**obs, "pos": obs["pos"].astype(np.float64)},
+        {**obs, "cell": np.int64(5)},
+        {"pos": obs["pos"]},
+    ):
+        assert not checked._fits(broken)
