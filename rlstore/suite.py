@@ -164,7 +164,8 @@ def status(
                 )
                 runs.append((state, result))
                 steps = result["steps"]
-                score = f"{result['score']:,.1f}" if result["episodes"] else "-"
+                digits = 3 if abs(result["score"]) < 10 else 1  # (as the results table)
+                score = f"{result['score']:,.{digits}f}" if result["episodes"] else "-"
                 if result["reached_at"] is not None:
                     reached = f"{result['reached_at']:,}"
                 seconds = summary["wall_seconds"]  # (0 in format 1 checkpoints: no time)

@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from rlstore.suite_results import iqm, iqm_interval, iqm_text, score_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,15 +56,50 @@ def iqm_cell(row: dict) -> str:
     return iqm_text({"score": "training", **row, "iqm": iqm(scores), "iqm_interval": [low, high]})
 
 
+def merged(own: dict, check: dict) -> dict:
+    """A suite's own data (its seeds, 1-3) with a check of its rows on other seeds
+    (`--seeds 4-10`): each row the check ran gets both sets of runs, its mean, std and
+    counts taken again over all of them; the rows it did not run stay as they are."""
+    checked = {(row["name"], row["env"], row["steps"]): row for row in check["rows"]}
+    rows = []
+    for row in own["rows"]:
+        other = checked.get((row["name"], row["env"], row["steps"]))
+        if other is None:
+            rows.append(row)
+            continue
+        seeds = set(row["seeds"])
+        runs = row["runs"] + [run for run in other["runs"] if run["seed"] not in seeds]
+        scores = np.array([run["score"] for run in runs], dtype=float)
+        low, high = row["band"] if row.get("band") is not None else (None, None)
+        rows.append(
+            {
+                **row,
+                "seeds": sorted(run["seed"] for run in runs),
+                "runs": runs,
+                "score_mean": float(scores.mean()),
+                "score_std": float(scores.std()),
+                "below_band": low is not None and scores.mean() < low,
+                "above_band": high is not None and scores.mean() > high,
+                "reached": sum(run["reached_at"] is not None for run in runs),
+            }
+        )
+    return {**own, "rows": rows, "checked_on": check["seeds"]}
+
+
 def table(data: dict, page: str) -> str:
     suite = data["suite"]
-    command = f"rlstore benchmark {suite}" + (
-        f" --seeds {data['seeds']}" if data.get("seeds") else ""
+    command = f"`rlstore benchmark {suite}" + (
+        f" --seeds {data['seeds']}`" if data.get("seeds") else "`"
     )
+    where = f"[results/{page}](../results/{page})"
+    if data.get("checked_on"):
+        check = Path(page).stem + f"-seeds-{data['checked_on']}.md"
+        command += f" and, for the rows on more seeds, `... --seeds {data['checked_on']}`"
+        where += f" and [results/{check}](../results/{check})"
     lines = [
         f"## {suite}",
         "",
-        f"`{command}`; every run, its machine and commit: [results/{page}](../results/{page}).",
+        f"{command}; every run, its machine and commit: {where}.",
         "",
         "| row | env | steps | seeds | ours | IQM [95% CI] | reference band | verdict "
         "| reference |",
@@ -92,8 +129,8 @@ def summary() -> str:
         "(sampled: its actions sampled, not its mode), or (success) its success rate; per",
         "row the mean +- std over seeds, the interquartile mean (IQM) of the seeds' scores",
         "with its 95% bootstrap interval, and how many seeds scored in the band (at or",
-        "above its low end). A suite checked on ten seeds (`--seeds 1-10`) is given on",
-        "those; the long ones (MuJoCo, Atari, LunarLanderContinuous) run three seeds here,",
+        "above its low end). A suite checked on more seeds (`--seeds 1-10`, or its own",
+        "seeds 1-3 and `--seeds 4-10`) is given on all of them; the long ones (MuJoCo, Atari, LunarLanderContinuous) run three seeds here,",
         "hours each on two cores.",
     ]
     order = ["classic", "value-methods", "box2d", "mujoco", "offpolicy", "mujoco-offpolicy"]
@@ -104,13 +141,20 @@ def summary() -> str:
         key=lambda p: (order.index(p.stem[9:]) if p.stem[9:] in order else len(order), p.stem),
     )
     chosen: dict[str, tuple[Path, dict]] = {}  # suite -> its data of the most seeds
+    checks: dict[str, dict] = {}  # suite -> a check on other seeds that needs its own data
     for path in paths:
         data = json.loads(path.read_text())
         if "suite" in data and "rows" in data:
+            if data.get("seeds") and not path.stem.endswith("-seeds-1-10"):
+                checks[data["suite"]] = data  # (seeds 4-10: merged with the suite's 1-3)
+                continue
             seeds = max(len(row["seeds"]) for row in data["rows"])
             best = chosen.get(data["suite"])
             if best is None or seeds > max(len(row["seeds"]) for row in best[1]["rows"]):
                 chosen[data["suite"]] = (path, data)
+    for suite, check in checks.items():
+        path, own = chosen[suite]
+        chosen[suite] = (path, merged(own, check))
     for path, data in chosen.values():
         page = PAGE_OF.get(path.name, path.with_suffix(".md").name)
         parts += ["", table(data, page)]

@@ -5,6 +5,9 @@ summary for users is what the suites' data gives."""
 import re
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "results"
@@ -37,12 +40,57 @@ def test_every_docs_page_and_record_is_in_its_index():
 def test_the_results_summary_is_what_the_suites_data_gives():
     """docs/results.md is written from results/learning-*.json (scripts/results_summary.py):
     a figure changes there by a suite's new data, not by hand."""
+    assert (DOCS / "results.md").read_text() == _summary_script().summary()
+
+
+def _summary_script():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("summary", ROOT / "scripts/results_summary.py")
     summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(summary)
-    assert (DOCS / "results.md").read_text() == summary.summary()
+    return summary
+
+
+def test_a_check_on_other_seeds_joins_the_suites_own_seeds():
+    """A row of the suite's own data (seeds 1-2) and of `--seeds 3-4` is given on all four
+    seeds: mean, std, seeds in band and reached counts over all; a row the check did not
+    run stays as it was."""
+    summary = _summary_script()
+
+    def run(seed, score, reached=None):
+        return {"seed": seed, "score": score, "reached_at": reached}
+
+    def row(name, runs):
+        return {
+            "name": name,
+            "env": "E-v0",
+            "steps": 100,
+            "seeds": [r["seed"] for r in runs],
+            "runs": runs,
+            "band": [0.7, 0.8],
+            "threshold": 0.5,
+            "reached": 9,
+            "below_band": False,
+            "above_band": False,
+            "score_mean": 0.0,
+            "score_std": 0.0,
+        }
+
+    own = {
+        "suite": "s",
+        "rows": [
+            row("a", [run(1, 0.75, 10), run(2, 0.72, 20)]),
+            row("b", [run(1, 0.9), run(2, 0.9)]),
+        ],
+    }
+    check = {"suite": "s", "seeds": "3-4", "rows": [row("a", [run(3, 0.1, 30), run(4, 0.73)])]}
+    a, b = summary.merged(own, check)["rows"]
+    assert a["seeds"] == [1, 2, 3, 4] and a["reached"] == 3
+    assert a["score_mean"] == pytest.approx((0.75 + 0.72 + 0.1 + 0.73) / 4)
+    assert a["score_std"] == pytest.approx(np.std([0.75, 0.72, 0.1, 0.73]))
+    assert a["below_band"] and summary.verdict(a) == "3/4 seeds in band (mean below)"
+    assert b == own["rows"][1]
 
 
 def test_every_docs_path_cited_exists():
