@@ -130,8 +130,8 @@ def summary() -> str:
         "row the mean +- std over seeds, the interquartile mean (IQM) of the seeds' scores",
         "with its 95% bootstrap interval, and how many seeds scored in the band (at or",
         "above its low end). A suite checked on more seeds (`--seeds 1-10`, or its own",
-        "seeds 1-3 and `--seeds 4-10`) is given on all of them; the long ones (MuJoCo, Atari, LunarLanderContinuous) run three seeds here,",
-        "hours each on two cores.",
+        "seeds 1-3 and `--seeds 4-10`) is given on all of them; the long ones (MuJoCo,",
+        "Atari, LunarLanderContinuous) run three seeds here, hours each on two cores.",
     ]
     order = ["classic", "value-methods", "box2d", "mujoco", "offpolicy", "mujoco-offpolicy"]
     order += ["continuous-methods", "atari"]
