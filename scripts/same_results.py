@@ -3,8 +3,9 @@
     python scripts/same_results.py 94abcf9        # that commit against the working tree
 
 Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
-every option), recurrent PPO, PPO under Taxi's action masks, DQN on FrozenLake's Discrete
-observations and with hindsight replay on bit flipping, and SAC, TD3, DDPG, TQC and CrossQ
+every option), recurrent PPO, PPO and DQN under Taxi's action masks, DQN on FrozenLake's
+Discrete observations, on Atari's frame stacks (with rlstore[atari]) and with hindsight
+replay on bit flipping, and SAC, TD3, DDPG, TQC and CrossQ
 on Pendulum, with the code of COMMIT, checked out into a temporary git worktree, and with
 the code of this working tree, each in its own process with one torch thread, then compares
 every run's episode returns and final parameters bit for bit. Exits 1 on any difference.
@@ -122,6 +123,29 @@ RUNS = {
         "--learning-starts",
         "500",
     ],
+    "dqn-masked-taxi": [
+        "dqn",
+        "--env",
+        "Taxi-v4",
+        "--total-timesteps",
+        "4000",
+        "--learning-starts",
+        "500",
+    ],
+    # frame stacks stored once, n-step windows over life losses (needs rlstore[atari])
+    "dqn-atari-frames": [
+        "dqn",
+        "--env",
+        "BreakoutNoFrameskip-v4",
+        "--total-timesteps",
+        "1200",
+        "--learning-starts",
+        "400",
+        "--buffer-size",
+        "1000",
+        "--n-step",
+        "3",
+    ],
     "dqn-her-bits": [
         "dqn",
         "--env",
@@ -139,6 +163,7 @@ def child(root: str) -> None:
     """Train every run with the rlstore found at `root`; print one JSON line of digests."""
     sys.path.insert(0, root)
     import importlib
+    import importlib.util
 
     import torch
 
@@ -148,6 +173,9 @@ def child(root: str) -> None:
     out = {}
     with tempfile.TemporaryDirectory() as logdir:
         for name, args in RUNS.items():
+            if "NoFrameskip" in " ".join(args) and importlib.util.find_spec("ale_py") is None:
+                out[name] = "skipped: needs ale-py (pip install -e '.[atari]')"
+                continue
             algo, cfg, preset = parse_train([*args, *COMMON, "--logdir", logdir])
             result = importlib.import_module(f"rlstore.algos.{algo}").train(cfg, preset)
             params = hashlib.sha256()
@@ -201,6 +229,9 @@ def main() -> None:
     for name in RUNS:
         equal = before[name] == after[name]
         same &= equal
+        if isinstance(after[name], str) or isinstance(before[name], str):
+            print(f"{name:16s} {after[name]}")
+            continue
         print(
             f"{name:16s} {'same' if equal else 'DIFFERENT'}: {after[name]['episodes']} episodes, "
             f"returns {after[name]['returns']}, parameters {after[name]['params']}"
