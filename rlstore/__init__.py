@@ -30,6 +30,7 @@ if "gymnasium" in sys.modules:  # rlstore's own ids (partially observable, bit f
 _EXPORTS = {
     "RolloutStorage": "rlstore.storage.rollout",
     "RolloutBatch": "rlstore.storage.rollout",
+    "RecurrentRolloutStorage": "rlstore.storage.recurrent",
     "Hindsight": "rlstore.storage.hindsight",
     "ReplayBuffer": "rlstore.storage.replay",
     "ReplayBatch": "rlstore.storage.replay",

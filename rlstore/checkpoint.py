@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from rlstore.files import array_to_saved, atomic_save, safe_load, saved_to_array
+from rlstore.storage.migrations import checkpoint_state
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 CHECKPOINT_FORMAT = "rlstore-checkpoint-2"
@@ -120,9 +121,7 @@ def read_newest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]] | Non
                 raise ValueError(f"{path} is not an rlstore checkpoint (keys missing)")
             if state["format"] not in CHECKPOINT_FORMATS:
                 raise ValueError(f"{path} has the unknown format {state['format']!r}")
-            if "episode_stats" not in state:  # format 1
-                state["episode_stats"] = state["algorithm"].pop("stats")
-            return path, state
+            return path, checkpoint_state(state)
         except ValueError as e:
             print(f"rlstore: warning: skipping {e}", file=sys.stderr)
     return None

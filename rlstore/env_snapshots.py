@@ -18,6 +18,8 @@ import torch
 
 from rlstore.env_checks import CheckedEnv
 from rlstore.files import array_to_saved, saved_to_array
+from rlstore.lean_envs import LeanSyncVectorEnv
+from rlstore.storage.migrations import lean_env_state
 
 # Envs whose whole state is plain attributes (numbers, arrays, generators), Gymnasium's
 # MuJoCo envs (plain attributes and their MjData) and the envs whose episodes replay
@@ -107,8 +109,8 @@ def load_env_state(envs: gym.vector.VectorEnv, state: dict[str, Any]) -> None:
         envs.set_attr("restoring", [pickle.dumps(chain) for chain in state["envs"]])
         _check_replays(envs.call("apply", _worker_load_chain), vector["observations"])
         return
-    if hasattr(envs, "upgrade_saved_state"):  # (rlstore/lean_envs.py)
-        vector = envs.upgrade_saved_state(vector)
+    if isinstance(envs, LeanSyncVectorEnv):  # (its format-1 names)
+        vector = lean_env_state(vector)
     _restore(envs, vector)
     if state["envs"]:
         ends = [

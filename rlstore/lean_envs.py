@@ -27,15 +27,6 @@ class LeanSyncVectorEnv(gym.vector.VectorEnv):
     # For checkpoints (rlstore/env_state.py): its envs step in this process, in `envs`, as a
     # SyncVectorEnv's do, so their states are saved the same way.
     in_process_envs = True
-    # Format-1 checkpoints saved it when it was a SyncVectorEnv subclass, under these names.
-    _FORMAT_1_NAMES = {
-        f"_{name}": name for name in ("observations", "rewards", "terminations", "truncations")
-    } | {"_autoreset_envs": "autoreset"}
-
-    @classmethod
-    def upgrade_saved_state(cls, saved: dict[str, Any]) -> dict[str, Any]:
-        """Its saved attributes under today's names (a format-1 checkpoint's renamed)."""
-        return {cls._FORMAT_1_NAMES.get(k, k): v for k, v in saved.items() if k != "_env_obs"}
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], infos: bool = True) -> None:
         self.gather_infos = infos

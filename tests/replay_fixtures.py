@@ -2,7 +2,7 @@
 
 Each case builds a small buffer, fills it with a seeded stream that has every boundary the
 buffer keeps (terminations, truncations, life losses, partial resets, end_episodes), and
-says what it should sample. `python -m tests.replay_fixtures` writes, per case,
+says what it should sample. `python -m tests.replay_fixtures [CASE ...]` writes, per case,
 tests/fixtures/replay/CASE.pt (buffer.save) and CASE.expected.pt (the two batches the
 buffer sampled right after saving, around one more add), with the code of the tree it runs
 in; the test loads the files into a buffer built by the code under test and checks that it
@@ -12,6 +12,7 @@ older version of the code wrote them.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,8 @@ CASES = {
         hindsight=Hindsight(goal_reward, goals=4, strategy="future"),
         seed=4,
     ),
+    # a stream of terminations and truncations only: what files of format version 1 held
+    "plain-n-step": dict(capacity=30, num_envs=2, obs_shape=(3,), n_step=3, seed=6, _plain=True),
     "dict-masks-same-step": dict(
         capacity=40,
         num_envs=3,
@@ -100,12 +103,13 @@ def fill(buffer: ReplayBuffer, case: dict, steps: int, seed: int = 0) -> None:
     same_step = case.get("autoreset_mode") == "same_step"
     obs = _obs(case, rng, counter)
     done = np.zeros(N, bool)
+    plain = case.get("_plain", False)  # no manual resets, no end_episodes
     for step in range(steps):
-        if step % 17 == 9:  # a partial reset by hand: env 0's stream breaks
+        if step % 17 == 9 and not plain:  # a partial reset by hand: env 0's stream breaks
             fresh = _obs(case, rng, counter)
             obs = _take(obs, fresh, np.arange(N) == 0)
             done[0] = False
-        if step % 23 == 11:
+        if step % 23 == 11 and not plain:
             buffer.end_episodes(np.arange(N) == N - 1)
         new = _obs(case, rng, counter)
         next_obs = _shift(obs, new) if case.get("frame_stack") else new
@@ -135,7 +139,7 @@ def _take(old, new, where: np.ndarray):
 
 
 def build(name: str) -> ReplayBuffer:
-    return ReplayBuffer(**CASES[name])
+    return ReplayBuffer(**{k: v for k, v in CASES[name].items() if not k.startswith("_")})
 
 
 def batches(buffer: ReplayBuffer, case: dict) -> dict:
@@ -148,9 +152,12 @@ def batches(buffer: ReplayBuffer, case: dict) -> dict:
     return {"first": first, "second": second, "len": len(buffer)}
 
 
-def write() -> None:
+def write(names: list[str]) -> None:
+    """Write the fixtures of cases `names` (none: every case)."""
     FOLDER.mkdir(parents=True, exist_ok=True)
     for name, case in CASES.items():
+        if names and name not in names:
+            continue
         buffer = build(name)
         fill(buffer, case, 70)
         buffer.save(FOLDER / f"{name}.pt")
@@ -159,4 +166,4 @@ def write() -> None:
 
 
 if __name__ == "__main__":
-    write()
+    write(sys.argv[1:])

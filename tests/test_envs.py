@@ -251,11 +251,11 @@ def test_mujoco_warnings_become_python_warnings_and_no_log_file(tmp_path, monkey
 
 def test_the_lean_vector_env_reads_its_format_1_checkpoint_names():
     """Format-1 checkpoints saved LeanSyncVectorEnv's attributes under a SyncVectorEnv's
-    names; env_snapshots.load_env_state renames them through upgrade_saved_state."""
-    from rlstore.lean_envs import LeanSyncVectorEnv
+    names; env_snapshots.load_env_state renames them (storage/migrations.py)."""
+    from rlstore.storage.migrations import lean_env_state
 
     saved = {"_observations": 1, "_rewards": 2, "_autoreset_envs": 3, "_env_obs": 4, "seed": 5}
-    assert LeanSyncVectorEnv.upgrade_saved_state(saved) == {
+    assert lean_env_state(saved) == {
         "observations": 1,
         "rewards": 2,
         "autoreset": 3,

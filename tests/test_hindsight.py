@@ -30,7 +30,9 @@ def success(achieved, desired, info):
 
 
 def goal_buffer(capacity, num_envs, strategy="future", goals=4, terminations=False, **kwargs):
-    hindsight = Hindsight(reached, success if terminations else None, goals, strategy)
+    hindsight = kwargs.pop("hindsight", None) or Hindsight(
+        reached, success if terminations else None, goals, strategy
+    )
     obs_dtype = {key: np.float32 for key in SHAPES}
     return ReplayBuffer(
         capacity,
@@ -323,8 +325,7 @@ def test_refused_combinations():
 
 
 def test_a_reward_function_that_does_not_take_arrays_is_one_clear_error():
-    buffer = goal_buffer(10, 1)
-    buffer.hindsight = Hindsight(lambda a, g, info: float(np.sum(a == g)))
+    buffer = goal_buffer(10, 1, hindsight=Hindsight(lambda a, g, info: float(np.sum(a == g))))
     goal_stream(buffer, Reference(1, buffer.rows), 5, np.random.default_rng(0), 0.0)
     with pytest.raises(ValueError, match=r"returned shape \(\) for 8 goals, not \(8,\)"):
         buffer.sample(10)

@@ -165,11 +165,10 @@ def test_replay_with_masks_refuses_adds_without_them():
         )
 
 
-@pytest.mark.parametrize("fast", [True, False])  # numpy writes, and the torch reference
-def test_rollout_minibatches_carry_each_observations_mask(fast):
+def test_rollout_minibatches_carry_each_observations_mask():
     T, N = 5, 3
     rng = np.random.default_rng(2)
-    storage = RolloutStorage(T, N, (1,), action_mask_shape=(4,), fast=fast)
+    storage = RolloutStorage(T, N, (1,), action_mask_shape=(4,))
     ids = rng.integers(0, 16, (T + 1, N))
     storage.reset(ids[0, :, None].astype(np.float32), mask_of(ids[0]))
     for t in range(T):

@@ -1,14 +1,12 @@
-"""RolloutStorage for recurrent policies: episode starts under NEXT_STEP autoreset, the
-state stored at every step, and `sequences`, the minibatches of whole sequences a recurrent
-policy replays (docs/reference/storage.md)."""
+"""RecurrentRolloutStorage, the RolloutStorage of recurrent policies: episode starts under
+NEXT_STEP autoreset, the state stored at every step, and `sequences`, the minibatches of
+whole sequences a recurrent policy replays (docs/reference/storage.md)."""
 
 import numpy as np
 import pytest
 import torch
 
-from rlstore.storage import RolloutStorage
-
-pytestmark = pytest.mark.usefixtures("both_storage_paths")
+from rlstore.storage import RecurrentRolloutStorage, RolloutStorage
 
 T, N, S = 12, 3, 5  # steps, envs, state size
 
@@ -70,7 +68,7 @@ def test_episode_starts_follow_the_pseudo_steps_across_rollouts():
     """obs[t] begins an episode iff step t - 1 was the pseudo-step after a done (or it is
     the first observation after reset); a naive scan of the done flags says the same."""
     rng = np.random.default_rng(0)
-    storage = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
+    storage = RecurrentRolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
     storage.reset(np.zeros((N, 2), np.float32))
     policy, state = ToyRecurrence(0), torch.zeros(N, S)
     prev_done, starts_next = np.zeros(N, bool), np.ones(N, bool)
@@ -91,7 +89,7 @@ def test_sequences_replay_the_recurrence_exactly():
     recomputes the state (so the log-prob and value) of every step as collected, for
     whole rollouts and for sequences of 4 and 3 steps."""
     rng = np.random.default_rng(1)
-    storage = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
+    storage = RecurrentRolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
     storage.reset(np.zeros((N, 2), np.float32))
     policy = ToyRecurrence(1)
     checked = 0
@@ -124,7 +122,7 @@ def test_sequences_hand_out_the_stored_fields_at_their_steps():
     advantages, returns, valid and starts of steps t0 .. t0 + L - 1 of env n, and the state
     stored at t0."""
     rng = np.random.default_rng(2)
-    storage = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
+    storage = RecurrentRolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
     storage.reset(rng.normal(size=(N, 2)).astype(np.float32))
     storage, _, _ = next(collect(rng, storage, ToyRecurrence(2), torch.zeros(N, S), rollouts=1))
     L = 4
@@ -152,7 +150,7 @@ def test_sequences_hand_out_the_stored_fields_at_their_steps():
 
 
 def test_recurrent_storage_bad_use_is_refused_and_state_round_trips():
-    storage = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
+    storage = RecurrentRolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
     storage.reset(np.zeros((N, 2), np.float32))
     step = dict(
         next_obs=np.zeros((N, 2), np.float32),
@@ -170,7 +168,7 @@ def test_recurrent_storage_bad_use_is_refused_and_state_round_trips():
     assert storage.step == 0  # nothing written
     # a good state beside a bad input is not written either (docs/reference/storage.md:
     # every input is checked before anything is written), nor a good mask
-    masked = RolloutStorage(
+    masked = RecurrentRolloutStorage(
         T, N, obs_shape=(2,), recurrent_state_shape=(S,), action_mask_shape=(3,)
     )
     masked.reset(np.zeros((N, 2), np.float32), action_mask=np.ones((N, 3), bool))
@@ -186,15 +184,14 @@ def test_recurrent_storage_bad_use_is_refused_and_state_round_trips():
     assert masked.step == 0 and all(torch.equal(after[k], v) for k, v in before.items())
     with pytest.raises(ValueError, match="recurrent_state must be given"):
         RolloutStorage(T, N, obs_shape=(2,)).insert(**step, recurrent_state=np.zeros((N, S)))
-    with pytest.raises(RuntimeError, match="recurrent_state_shape"):
-        next(RolloutStorage(T, N, obs_shape=(2,)).sequences(1))
+    assert not hasattr(RolloutStorage(T, N, obs_shape=(2,)), "sequences")  # (its own class)
     rng = np.random.default_rng(3)
     storage, _, _ = next(collect(rng, storage, ToyRecurrence(3), torch.zeros(N, S), rollouts=1))
     with pytest.raises(ValueError, match="sequence_length must divide"):
         next(storage.sequences(1, sequence_length=5))
     with pytest.raises(ValueError, match="num_minibatches must lie in"):
         next(storage.sequences(N + 1))
-    copy = RolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
+    copy = RecurrentRolloutStorage(T, N, obs_shape=(2,), recurrent_state_shape=(S,))
     copy.load_state_dict(storage.state_dict())
     assert torch.equal(copy.recurrent_states, storage.recurrent_states)
     assert torch.equal(copy.episode_starts, storage.episode_starts)

@@ -469,7 +469,7 @@ def test_sampling_frequencies_follow_priority_to_the_alpha():
         seed=3,
     )
     scalar_stream(buffer, 5, rng)
-    indices = torch.as_tensor(np.flatnonzero(buffer.valid.reshape(-1).numpy()))
+    indices = torch.as_tensor(np.flatnonzero(buffer.ring.valid.reshape(-1).numpy()))
     td = torch.arange(1, len(indices) + 1, dtype=torch.float32)
     buffer.update_priorities(indices, td)
     expected = td.numpy() ** alpha / (td.numpy() ** alpha).sum()
@@ -495,11 +495,11 @@ def test_a_new_transition_in_a_sampled_slot_keeps_the_max_priority():
     scalar_stream(buffer, 4, rng)
     batch = buffer.sample(32)
     buffer.update_priorities(batch.indices, torch.full((32,), 0.5))  # stored: 0.5 each
-    assert set(buffer.priorities.tree.leaves[buffer.valid.reshape(-1).numpy()].tolist()) == {0.5}
+    assert set(buffer.priorities.tree.leaves[buffer.ring.flat("valid")].tolist()) == {0.5}
     batch = buffer.sample(32)
     scalar_stream(buffer, 5, rng, counter=[100])  # every sampled transition leaves
     buffer.update_priorities(batch.indices, torch.full((32,), 10.46))
-    valid = buffer.valid.reshape(-1).numpy()
+    valid = buffer.ring.valid.reshape(-1).numpy()
     assert set(buffer.priorities.tree.leaves[valid].tolist()) == {1.0}  # the max priority seen
     assert buffer.priorities.max_priority == 1.0
     batch = buffer.sample(8)  # and transitions still stored are updated as before
@@ -539,6 +539,12 @@ def test_sum_tree_nodes_are_sums_of_their_leaves(size, updates, seed):
         assert np.all((found == expected) | (leaves[np.minimum(expected, size - 1)] == 0))
 
 
+def same_tensors(state, other) -> bool:
+    """Whether two state dicts hold the same tensors (and trees of them) under each key."""
+    tensors = [k for k, v in state.items() if isinstance(v, torch.Tensor | dict | tuple)]
+    return all(tensors_equal(state[k], other[k]) for k in tensors if k != "rng")
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, layout, tmp_path):
@@ -553,8 +559,7 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, layo
     buffer.save(tmp_path / "replay.pt")
     restored = ReplayBuffer(**kwargs)
     restored.load(tmp_path / "replay.pt")
-    for name in buffer._tensors:
-        assert tensors_equal(getattr(restored, name), getattr(buffer, name))
+    assert same_tensors(restored.state_dict(), buffer.state_dict())
     assert (restored.cursor, restored.added, len(restored)) == (
         buffer.cursor,
         buffer.added,
@@ -569,8 +574,7 @@ def test_save_load_restores_contents_cursor_priorities_exactly(prioritized, layo
     scalar_stream(buffer, 3, np.random.default_rng(5), counter=[30], layout=layout)
     scalar_stream(restored, 3, np.random.default_rng(5), counter=[30], layout=layout)
     assert restored.added == buffer.added
-    for name in buffer._tensors:
-        assert tensors_equal(getattr(restored, name), getattr(buffer, name))
+    assert same_tensors(restored.state_dict(), buffer.state_dict())
     with pytest.raises(ValueError, match="prioritized and uniform"):
         ReplayBuffer(**{**kwargs, "prioritized": not prioritized}).load(tmp_path / "replay.pt")
     for name, other in [("n_step", 1), ("gamma", 0.5), ("alpha", 0.3)]:
@@ -619,7 +623,8 @@ def test_capacity_is_rounded_up_to_whole_rows():
 def test_uint8_observations_stay_uint8_and_memory_per_transition():
     buffer = ReplayBuffer(capacity=1000, num_envs=4, obs_shape=(84, 84, 4), obs_dtype=np.uint8)
     assert buffer.obs.dtype == torch.uint8
-    per_transition = sum(getattr(buffer, n).nbytes for n in buffer._tensors) / buffer.capacity
+    tensors = [v for v in buffer.state_dict().values() if isinstance(v, torch.Tensor)]
+    per_transition = sum(t.nbytes for t in tensors) / buffer.capacity
     assert per_transition < 1.01 * (84 * 84 * 4 + 8 + 4 + 3)  # one observation, not two
 
 
@@ -682,22 +687,17 @@ def test_memory_bytes_is_what_a_buffer_allocates(kwargs):
         parts = [obs["vec"], *obs["more"]]
         assert [p.dtype for p in parts] == [torch.float32, torch.uint8, torch.int64]
         obs = torch.cat([p.flatten().view(torch.uint8) for p in parts])
-    host = [
-        buffer.actions,
-        buffer.rewards,
-        buffer.terminated,
-        buffer.truncated,
-        buffer.valid,
-        buffer.bridge,
-    ]
+    ring = buffer.ring
+    host = [ring.actions, ring.rewards, ring.terminated, ring.truncated, ring.valid, ring.bridge]
     if buffer.frame_stack:
         host += [buffer.stacks.depth, buffer.stacks.start_slot, buffer.stacks.start_owner]
-        host += [buffer.lost]
+        host += [buffer.stacks.lost]
     host_bytes = sum(t.nbytes for t in host) + (
         buffer.priorities.tree.nodes.nbytes if buffer.priorities else 0
     )
     if hindsight is not None:
-        host_bytes += sum(getattr(buffer.episodes, n).nbytes for n in ("start", "end", "running"))
+        episodes = buffer.relabelling.episodes
+        host_bytes += sum(getattr(episodes, n).nbytes for n in ("start", "end", "running"))
     assert ReplayBuffer.memory_bytes(**kwargs) == (obs.nbytes, host_bytes)
 
 

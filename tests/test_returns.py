@@ -9,9 +9,6 @@ from hypothesis import strategies as st
 
 from rlstore.storage import RolloutStorage, compute_gae
 
-# Every test runs through the fast path and the reference (tests/conftest.py).
-pytestmark = pytest.mark.usefixtures("both_storage_paths")
-
 GAMMA, LAM = 0.99, 0.95
 
 

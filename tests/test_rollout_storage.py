@@ -9,9 +9,6 @@ from rlstore.parts import map_parts
 from tests import obs_layouts
 from tests.obs_layouts import LAYOUTS, decode, encode, tensors_equal
 
-# Every test runs through the fast path and the reference (tests/conftest.py).
-pytestmark = pytest.mark.usefixtures("both_storage_paths")
-
 T, N = 6, 3
 
 

@@ -70,7 +70,6 @@ def build_actor_critic(
         obs_dtype=stored_dtype(obs_space),
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
-        fast=cfg.use_fast_paths,
         action_mask_shape=None if masks is None else (masks.width,),
     )
 

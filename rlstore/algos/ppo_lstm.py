@@ -1,6 +1,6 @@
 """Recurrent PPO: PPO with an LSTM actor-critic, for partially observable tasks.
 
-PPO's loss (rlstore/algos/ppo.py) on sequences: the RolloutStorage keeps the state each
+PPO's loss (rlstore/algos/ppo.py) on sequences: the RecurrentRolloutStorage keeps the state each
 step acted from and hands out minibatches of whole sequences (`sequences`), which the
 policy replays from their first state, zeroing it where an episode starts. Reads top to
 bottom: the config, the recurrent state as a part of the run, collect, update, train(),
@@ -39,7 +39,7 @@ from rlstore.recurrent_networks import (
     recurrent_actor_critic_for,
 )
 from rlstore.run import Run, TrainingState, TrainResult
-from rlstore.storage import RolloutBatch, RolloutStorage
+from rlstore.storage import RecurrentRolloutStorage, RolloutBatch
 from rlstore.storage.arrays import to_device
 
 
@@ -92,7 +92,10 @@ def zero_at_starts(state: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
 
 
 def collect(
-    agent: RecurrentActorCriticBase, storage: RolloutStorage, state: TrainingState, run: Run
+    agent: RecurrentActorCriticBase,
+    storage: RecurrentRolloutStorage,
+    state: TrainingState,
+    run: Run,
 ) -> None:
     """Fill the storage with one rollout, carrying the LSTM state from step to step.
     Atari: rewards are learnt by their sign (cfg.sign_rewards) and a lost life cuts the
@@ -135,7 +138,10 @@ def collect(
 
 
 def compute_returns(
-    agent: RecurrentActorCriticBase, storage: RolloutStorage, memory: RecurrentState, cfg: PPOConfig
+    agent: RecurrentActorCriticBase,
+    storage: RecurrentRolloutStorage,
+    memory: RecurrentState,
+    cfg: PPOConfig,
 ) -> None:
     """Advantages and returns, bootstrapped from V(the last observation) at its state."""
     with torch.inference_mode():
@@ -161,7 +167,7 @@ def valid_batch(batch: Any, log_prob: torch.Tensor, entropy: torch.Tensor, value
 def update(
     agent: RecurrentActorCriticBase,
     optimizer: torch.optim.Optimizer,
-    storage: RolloutStorage,
+    storage: RecurrentRolloutStorage,
     cfg: PPOLSTMConfig,
 ) -> dict[str, torch.Tensor]:
     """Epochs of minibatch gradient steps on sequences; returns the last minibatch's losses."""
@@ -198,7 +204,7 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
     reward_scale = (
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.clip_reward) if cfg.norm_reward else None
     )
-    storage = RolloutStorage(
+    storage = RecurrentRolloutStorage(
         cfg.num_steps,
         cfg.num_envs,
         stored_shape(obs_space),
@@ -206,7 +212,6 @@ def build(cfg: PPOLSTMConfig, device: torch.device):
         obs_dtype=stored_dtype(obs_space),
         action_dtype=np.float32 if agent.continuous else np.int64,
         device=device,
-        fast=cfg.use_fast_paths,
         recurrent_state_shape=agent.state_shape,
         action_mask_shape=None if masks is None else (masks.width,),
     )

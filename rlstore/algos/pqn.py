@@ -198,7 +198,6 @@ def train(
         stored_shape(obs_space),
         obs_dtype=stored_dtype(obs_space),
         device=device,
-        fast=cfg.use_fast_paths,
         action_mask_shape=None if masks is None else (num_actions,),
     )
 

@@ -25,6 +25,8 @@ the rest (and `future` and `final` never need the steps before t).
 
 EpisodeIndex keeps, for each slot of the ring, the write numbers (ReplayBuffer.added at the
 time) of its episode's first and last transitions, the last being -1 while it runs.
+Relabelling is the buffer's sample-time transform: the episode index, kept as the ring is
+written, and the relabelling of a gathered batch.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class EpisodeIndex:
         self.end = np.full((rows, num_envs), -1, dtype=np.int64)
         self.running = np.full(num_envs, -1, dtype=np.int64)
 
+    @staticmethod
+    def memory_bytes(slots: int, num_envs: int) -> int:
+        return slots * 16 + num_envs * 8  # int64 first and last per slot, running per env
+
     def cut(self, write: int, broken: np.ndarray) -> None:
         """The streams of the `broken` envs break at row `write` (a break row): their
         running episodes were abandoned at their last step, write - 1."""
@@ -156,3 +162,76 @@ class EpisodeIndex:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self._NAMES:
             getattr(self, name)[...] = state[f"episode_{name}"].numpy()
+
+
+def check_relabelling(obs_shape: Any, n_step: int, prioritized: bool, frame_stack: int) -> None:
+    """A ValueError unless relabelling can apply: goal Dict observations, one-step targets
+    (an n-step sum would need every reward of the window recomputed), uniform sampling
+    (priorities belong to the stored transitions, not the relabelled ones)."""
+    shape = obs_shape
+    if not (isinstance(shape, dict) and "achieved_goal" in shape and "desired_goal" in shape):
+        raise ValueError(
+            "hindsight relabelling needs Dict observations with 'achieved_goal' and "
+            f"'desired_goal' parts, got {shape}"
+        )
+    if shape["achieved_goal"] != shape["desired_goal"]:
+        raise ValueError(
+            f"achieved_goal {shape['achieved_goal']} and desired_goal "
+            f"{shape['desired_goal']} must have the same shape to relabel"
+        )
+    if n_step != 1 or prioritized or frame_stack:
+        raise ValueError("hindsight relabelling takes n_step=1, uniform sampling, no stacks")
+
+
+class Relabelling:
+    """A ReplayBuffer's hindsight: its episodes (EpisodeIndex) as the ring is written, and the
+    relabelling of sampled batches. `goals_of(tree)` picks the goal parts' dict out of an
+    observation tree (the first of the pair when the buffer keeps action masks)."""
+
+    def __init__(
+        self, hindsight: Hindsight, rows: int, num_envs: int, goals_of: Callable[[Any], Any]
+    ) -> None:
+        self.hindsight, self.episodes, self.goals_of = (
+            hindsight,
+            EpisodeIndex(rows, num_envs),
+            goals_of,
+        )
+
+    def relabel(
+        self,
+        obs: Any,
+        flat: np.ndarray,
+        next_flat: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        achieved: Callable[[np.ndarray], np.ndarray],
+        added: int,
+        valid: np.ndarray,
+        generator: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Give the batch's first transitions goals their episodes reached. `obs` holds the
+        batch's obs and next_obs, stacked (as gathered); their desired goals are replaced in
+        place. `achieved(slots)`: the stored achieved goals of flat slots. Returns the
+        rewards and terminations, the relabelled ones recomputed."""
+        n = self.hindsight.relabelled(len(flat))
+        if n == 0:
+            return rewards, terminated
+        goal_flat = self.episodes.goal_slots(
+            flat[:n], added, valid, self.hindsight.strategy, generator
+        )
+        both = achieved(np.concatenate((next_flat[:n], goal_flat)))
+        next_achieved, goals = both[:n], both[n:]
+        desired = self.goals_of(obs)["desired_goal"]  # (2, batch, *goal_shape)
+        desired[:, :n] = goals if isinstance(desired, np.ndarray) else torch.from_numpy(goals)
+        relabelled, ends = self.hindsight.rewards_and_terminations(
+            next_achieved, goals, terminated[:n]
+        )
+        rewards, terminated = rewards.copy(), terminated.copy()
+        rewards[:n], terminated[:n] = relabelled, ends
+        return rewards, terminated
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.episodes.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.episodes.load_state_dict(state)

@@ -1,5 +1,6 @@
-"""Returns of a rollout, as pure functions of its (T, N) arrays: generalized advantage
-estimates (PPO, A2C, recurrent PPO; RolloutStorage.compute_returns).
+"""Returns as pure functions of the storages' arrays: generalized advantage estimates over a
+rollout's (T, N) arrays (PPO, A2C, recurrent PPO; RolloutStorage.compute_returns), and n-step
+windows over a replay ring's flat fields (the DQN family; ReplayBuffer.sample).
 
 Terminated and truncated are kept apart (docs/reference/episode-boundaries.md): a
 termination bootstraps with 0, a truncation from the value of the final observation.
@@ -46,3 +47,44 @@ def compute_gae(
         last = deltas[t] + carry[t] * last
         advantages[t] = last
     return advantages
+
+
+def n_step_windows(
+    index: np.ndarray,
+    rewards: np.ndarray,
+    valid: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    bridge: np.ndarray | None,
+    num_envs: int,
+    n: int,
+    gamma: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Discounted reward sums over windows of up to `n` steps of a replay ring, from its
+    flat slots `index` (row * num_envs + env; one row ahead is + num_envs, around the ring).
+
+    The arrays are the ring's flat (rows * num_envs) fields. A window stops after its first
+    done (terminated or truncated) and at an invalid slot (the cursor row, a pseudo-step, a
+    break: it never reads across the write cursor); it goes on over a `bridge` slot (a break
+    row its env's stream continues through; None: there is none). Returns the sums, gamma^k
+    with the window's real length k, whether it ended by termination, and the flat slot of
+    the observation it bootstraps from.
+    """
+    size, N = len(valid), num_envs
+    returns = rewards[index].astype(np.float64)
+    discount = np.full(len(index), gamma)
+    ended_terminated = terminated[index]
+    open_ = ~(ended_terminated | truncated[index])
+    end = (index + N) % size
+    for _ in range(1, n):
+        slot = end
+        while bridge is not None and bridge[slot].any():  # the stream goes on after it
+            slot = np.where(bridge[slot], (slot + N) % size, slot)
+        open_ &= valid[slot]
+        returns += open_ * discount * rewards[slot]
+        discount = np.where(open_, discount * gamma, discount)
+        end = np.where(open_, (slot + N) % size, end)
+        term = terminated[slot]
+        ended_terminated = ended_terminated | (open_ & term)
+        open_ &= ~(term | truncated[slot])
+    return returns, discount, ended_terminated, end
