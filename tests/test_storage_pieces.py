@@ -104,8 +104,9 @@ def test_samplers_draw_only_what_can_be_sampled():
     generator = np.random.default_rng(0)
     flat, weights = UniformSampler().draw(4000, 0.4, ring, blocked, 5, generator)
     assert set(flat.tolist()) == {0, 3, 5, 6, 7} and (weights == 1).all()
-    prioritized = PrioritizedSampler(10, alpha=1.0, eps=0.0)
-    prioritized.written(np.arange(6), ring.flat("valid")[:6], cleared=np.array([], int))
+    prioritized = PrioritizedSampler(5, 2, alpha=1.0, eps=0.0)
+    for row in range(3):
+        prioritized.written(row, 4, ring.host["valid"][row])
     prioritized.update(np.array([0]), np.array([3.0]))  # slot 0 three times as likely as 1...
     flat, _ = prioritized.draw(8000, 0.4, ring, None, 5, generator)
     counts = np.bincount(flat, minlength=10)

@@ -45,8 +45,7 @@ class RecurrentRolloutStorage(RolloutStorage):
         self.recurrent_state_shape = tuple(recurrent_state_shape)
         shape = (self.num_steps, self.num_envs, *self.recurrent_state_shape)
         self.recurrent_states = torch.zeros(shape, device=self.device)
-        if self._views is not None:
-            self._views["recurrent_states"] = self.recurrent_states.numpy()
+        self._add_target("recurrent_states")
 
     def sequences(
         self,

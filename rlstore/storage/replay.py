@@ -193,7 +193,7 @@ class ReplayBuffer:
                 shapes, dtypes = with_masks(shapes, dtypes, action_mask_shape)
             self.store = FlatObservations(self.rows, num_envs, shapes, dtypes, self.device)
         self.sampler = (
-            PrioritizedSampler(self.rows * num_envs, alpha, priority_eps)
+            PrioritizedSampler(self.rows, num_envs, alpha, priority_eps)
             if prioritized
             else UniformSampler()
         )
@@ -345,12 +345,11 @@ class ReplayBuffer:
 
     def _write(self, action, reward, terminated, truncated, valid, bridge=None) -> None:
         """Fill the cursor row's transition fields (its obs is in place), move the cursor on."""
-        row, following, N = self.ring.cursor, self.ring.following, self.num_envs
+        row, following = self.ring.cursor, self.ring.following
         if self.stacks is not None:  # a rewritten row starts afresh
             self.stacks.rewrite(row, following)
         self.ring.write(action, reward, terminated, truncated, valid, bridge)
-        slots = np.arange(N)
-        self.sampler.written(row * N + slots, valid, cleared=following * N + slots)
+        self.sampler.written(row, following, valid)
 
     def stored_obs(self, flat: np.ndarray) -> Tree:
         """The observations of flat slots (row * num_envs + env), as stored or rebuilt."""

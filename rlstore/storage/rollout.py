@@ -131,18 +131,30 @@ class RolloutStorage:
             if action_mask_shape is None
             else torch.ones((T + 1, N, *action_mask_shape), dtype=torch.bool, device=dev)
         )
-        # In host memory: numpy views of the fields insert writes (None: on a device).
+        # What insert writes to: in host memory numpy views of the fields (assigned), on a
+        # device the tensors (copied into); each field's row shape and dtype, for the checks.
         self._views: dict[str, Any] | None = None
+        self._check, self._write = checked, self._copy
         if self.device.type == "cpu":
-            fields = ("obs", "actions", "log_probs", "values", "rewards", "terminated")
-            fields += ("truncated", "life_lost", "action_masks")
-            self._views = {
-                name: map_parts(torch.Tensor.numpy, getattr(self, name))
-                for name in fields
-                if getattr(self, name) is not None
-            }
+            self._views = {}
+            self._check, self._write = host_array, self._assign
+        self._targets: dict[str, Any] = {}
+        self._rows_of: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        for name in ("obs", "terminated", "truncated", "life_lost", *self._FIELDS):
+            self._add_target(name)
         self.step = 0
         self._returns_ready = False
+
+    def _add_target(self, name: str) -> None:
+        """Make field `name` (when the storage keeps it) one that insert writes."""
+        field = getattr(self, name)
+        if field is None:
+            return
+        if self._views is not None:
+            self._views[name] = map_parts(torch.Tensor.numpy, field)
+        self._targets[name] = field if self._views is None else self._views[name]
+        if name != "obs":
+            self._rows_of[name] = (tuple(field.shape[1:]), field.dtype)
 
     @property
     def current_obs(self) -> Tree:
@@ -189,8 +201,10 @@ class RolloutStorage:
         self.episode_starts.fill_(True)
         self._returns_ready = False
         if obs is not None:
-            self._write("obs", obs, slice(0, 1))
-            self._write("action_masks", mask, slice(0, 1))
+            first, write = slice(0, 1), self._write
+            map_parts(lambda target, x: write(target, first, x), self._targets["obs"], obs)
+            if mask is not None:
+                write(self._targets["action_masks"], first, mask)
 
     def insert(
         self,
@@ -214,15 +228,8 @@ class RolloutStorage:
                 f"RolloutStorage is full ({self.num_steps} steps); call after_update() "
                 "before inserting the next rollout"
             )
-        fields = {
-            "action": action,
-            "log_prob": log_prob,
-            "value": value,
-            "reward": reward,
-            "recurrent_state": recurrent_state,
-            "action_mask": action_mask,
-        }
-        self._insert((), next_obs, fields, terminated, truncated, life_lost)
+        given = (action, log_prob, value, reward, recurrent_state, action_mask)
+        self._insert((), self._ONE, next_obs, given, terminated, truncated, life_lost)
 
     def insert_steps(
         self,
@@ -245,66 +252,59 @@ class RolloutStorage:
                 f"RolloutStorage has room for {self.num_steps - self.step} more steps, not {k}; "
                 "call after_update() before inserting the next rollout"
             )
-        fields = {
-            "actions": actions,
-            "log_probs": log_probs,
-            "values": values,
-            "rewards": rewards,
-            "recurrent_states": recurrent_states,
-            "action_masks": action_masks,
-        }
-        self._insert((k,), next_obs, fields, terminated, truncated, life_lost)
+        given = (actions, log_probs, values, rewards, recurrent_states, action_masks)
+        self._insert((k,), self._FIELDS, next_obs, given, terminated, truncated, life_lost)
 
-    # the storage's field of each of insert's and insert_steps' arguments
-    _FIELDS = {
-        "action": "actions",
-        "log_prob": "log_probs",
-        "value": "values",
-        "reward": "rewards",
-        "recurrent_state": "recurrent_states",
-        "action_mask": "action_masks",
-    }
+    # the fields insert_steps writes at step t (the masks at t + 1), and insert's names of them
+    _FIELDS = ("actions", "log_probs", "values", "rewards", "recurrent_states", "action_masks")
+    _ONE = ("action", "log_prob", "value", "reward", "recurrent_state", "action_mask")
 
-    def _insert(self, lead, next_obs, given, terminated, truncated, life_lost) -> None:
-        """The one write path: a block of steps (`lead`: () for one step, (k,) for k), all
-        checked before anything is written (a bad input leaves the storage as it was)."""
+    def _insert(self, lead, names, next_obs, given, terminated, truncated, life_lost) -> None:
+        """The one write path: a block of steps (`lead`: () for one step, (k,) for k), every
+        input checked before anything is written (a bad input leaves the storage as it was)."""
         t, N = self.step, self.num_envs
         k = lead[0] if lead else 1
-        self._check_mask(given.get("action_mask", given.get("action_masks")))
-        states = given.get("recurrent_state", given.get("recurrent_states"))
-        if (states is None) != (self.recurrent_states is None):
+        self._check_mask(given[5])
+        if (given[4] is None) != (self.recurrent_states is None):
             raise ValueError(
                 "recurrent_state must be given exactly when the storage keeps recurrent states "
                 "(RecurrentRolloutStorage)"
             )
         next_obs = check_parts(self._checker(lead), next_obs, self.obs, "next_obs")
-        arrays = {}
-        for name, x in given.items():
-            field = self._FIELDS.get(name, name)
-            arrays[field] = self._given(x, name, getattr(self, field), lead)
-        term = host_array(terminated, "terminated", (*lead, N), torch.bool).reshape(k, N)
-        trunc = host_array(truncated, "truncated", (*lead, N), torch.bool).reshape(k, N)
+        check, arrays = self._check, []
+        for x, name, field in zip(given, names, self._FIELDS, strict=False):
+            if x is not None:
+                shape, dtype = self._rows_of[field]
+                arrays.append((field, check(x, name, (*lead, *shape) if lead else shape, dtype)))
+        term = host_array(terminated, "terminated", (*lead, N), torch.bool)
+        trunc = host_array(truncated, "truncated", (*lead, N), torch.bool)
         if life_lost is not None:
-            lives = host_array(life_lost, "life_lost", (*lead, N), torch.bool)
+            arrays.append(("life_lost", host_array(life_lost, "life_lost", term.shape, torch.bool)))
+            self._lives = True
+        elif self._lives:  # (once a life was lost, every step says whether one was)
+            arrays.append(("life_lost", np.zeros(term.shape, dtype=bool)))
         if k == 0:
             return
         here, after = slice(t, t + k), slice(t + 1, t + k + 1)
-        self._write("obs", next_obs, after)
-        self._write("action_masks", arrays.pop("action_masks"), after)
-        for field, array in arrays.items():
-            self._write(field, array, here)
-        self._write("terminated", term, here)
-        self._write("truncated", trunc, here)
-        if life_lost is not None:
-            self._write("life_lost", lives, here)
-            self._lives = True
-        elif self._lives:
-            self._write("life_lost", np.zeros((k, N), dtype=bool), here)
-        done = term | trunc
+        write, targets = self._write, self._targets
+        if type(next_obs) is np.ndarray:  # (one part: no tree to walk)
+            write(targets["obs"], after, next_obs)
+        else:
+            map_parts(lambda target, x: write(target, after, x), targets["obs"], next_obs)
+        for field, array in arrays:
+            write(targets[field], after if field == "action_masks" else here, array)
+        write(targets["terminated"], here, term)
+        write(targets["truncated"], here, trunc)
+        # The step after a done is a pseudo-step, and it returns an episode's first obs.
         np.logical_not(self._prev_done, out=self._valid[t])
-        np.logical_not(done[:-1], out=self._valid[t + 1 : t + k])
-        np.logical_not(self._valid[here], out=self._starts[after])  # after a pseudo-step
-        self._prev_done[:] = done[-1]
+        if k == 1:
+            self._starts[t + 1] = self._prev_done
+            np.logical_or(term, trunc, out=self._prev_done.reshape(term.shape))
+        else:
+            done = term | trunc
+            np.logical_not(done[:-1], out=self._valid[t + 1 : t + k])
+            np.logical_not(self._valid[here], out=self._starts[after])
+            self._prev_done[:] = done[-1]
         self.step = t + k
         self._returns_ready = False
 
@@ -329,23 +329,15 @@ class RolloutStorage:
         host memory, a tensor (left on its device) for storage on a device."""
         if x is None:
             return None
-        shape, dtype = (*lead, *mine.shape[1:]), mine.dtype
-        if self._views is not None:
-            return host_array(x, name, shape, dtype)
-        return checked(x, name, shape, dtype)
+        return self._check(x, name, (*lead, *mine.shape[1:]), mine.dtype)
 
-    def _write(self, field: str, given: Tree | None, rows: slice) -> None:
-        """Write checked arrays (a tree for the observations) into `rows` of `field`."""
-        if given is None:
-            return
-        if self._views is not None:
-            map_parts(lambda view, x: view.__setitem__(rows, x), self._views[field], given)
-            return
+    @staticmethod
+    def _assign(view: np.ndarray, rows: slice, x: np.ndarray) -> None:
+        view[rows] = x
 
-        def copy(mine: torch.Tensor, x: Array) -> None:
-            copy_in(mine[rows], x if isinstance(x, torch.Tensor) else torch.from_numpy(x))
-
-        map_parts(copy, getattr(self, field), given)
+    @staticmethod
+    def _copy(tensor: torch.Tensor, rows: slice, x: Array) -> None:
+        copy_in(tensor[rows], x if isinstance(x, torch.Tensor) else torch.from_numpy(x))
 
     # -- returns ----------------------------------------------------------------------------
 

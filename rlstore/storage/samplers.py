@@ -48,8 +48,8 @@ class UniformSampler:
             flat[redraw] = valid_flat[generator.integers(0, len(valid_flat), redraw.sum())]
         return flat, np.ones(batch_size)
 
-    def written(self, row_slots: np.ndarray, valid: np.ndarray, cleared: np.ndarray) -> None:
-        """New transitions at `row_slots` and emptied slots `cleared`: nothing to keep."""
+    def written(self, row: int, following: int, valid: np.ndarray) -> None:
+        """New transitions in `row`, and `following` emptied: nothing to keep."""
 
     def forget(self, flat: np.ndarray) -> None:
         """Slots that can no longer be sampled: the draw's rejection sees them."""
@@ -66,8 +66,9 @@ class PrioritizedSampler:
     """Flat slots drawn in proportion to priority^alpha, with importance weights for beta
     (Schaul et al. 2016; the priorities and their sum tree: storage/priorities.py)."""
 
-    def __init__(self, slots: int, alpha: float, eps: float) -> None:
-        self.priorities = Priorities(slots, alpha, eps)
+    def __init__(self, rows: int, num_envs: int, alpha: float, eps: float) -> None:
+        self.priorities = Priorities(rows * num_envs, alpha, eps)
+        self.envs = np.arange(num_envs)
 
     @staticmethod
     def memory_bytes(slots: int) -> int:
@@ -85,10 +86,11 @@ class PrioritizedSampler:
         """(flat slots, importance weights); slots that cannot be sampled have priority 0."""
         return self.priorities.draw(batch_size, count, beta, generator)
 
-    def written(self, row_slots: np.ndarray, valid: np.ndarray, cleared: np.ndarray) -> None:
-        """New transitions at `row_slots` (the valid ones at the largest priority so far) and
-        emptied slots `cleared`."""
-        self.priorities.add(row_slots, valid, cleared=cleared)
+    def written(self, row: int, following: int, valid: np.ndarray) -> None:
+        """New transitions in `row` (the valid ones at the largest priority so far), and
+        `following` emptied (the ring's new cursor row)."""
+        N = len(self.envs)
+        self.priorities.add(row * N + self.envs, valid, cleared=following * N + self.envs)
 
     def forget(self, flat: np.ndarray) -> None:
         if len(flat):
