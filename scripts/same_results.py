@@ -3,7 +3,7 @@
     python scripts/same_results.py 94abcf9        # that commit against the working tree
 
 Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
-every option), recurrent PPO, PPO and DQN under Taxi's action masks, DQN on FrozenLake's
+every option), PPO and DQN for 100k steps (where a change of rounding shows), recurrent PPO, PPO and DQN under Taxi's action masks, DQN on FrozenLake's
 Discrete observations, on Atari's frame stacks (with rlstore[atari]) and with hindsight
 replay on bit flipping, and SAC, TD3, DDPG, TQC and CrossQ
 on Pendulum, with the code of COMMIT, checked out into a temporary git worktree, and with
@@ -30,6 +30,10 @@ RUNS = {
     "ppo-continuous": ["ppo", "--env", "MountainCarContinuous-v0", "--total-timesteps", "8192"],
     "ppo-mujoco-normalized": ["ppo", "--env", "HalfCheetah-v4", "--total-timesteps", "4096"],
     "a2c": ["a2c", "--total-timesteps", "20000"],
+    # long enough for a change of rounding to show in the returns (a reordered matrix
+    # product leaves 20k-step runs' returns alone and moves these)
+    "ppo-100k": ["ppo", "--seed", "2", "--total-timesteps", "100000"],
+    "dqn-100k": ["dqn", "--seed", "2", "--total-timesteps", "100000"],
     "dqn": ["dqn", "--total-timesteps", "15000", "--learning-starts", "2000"],
     "dqn-huber": [
         "dqn",
