@@ -3,12 +3,13 @@
     python scripts/same_results.py 94abcf9        # that commit against the working tree
 
 Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
-every option), PPO and DQN for 100k steps (where a change of rounding shows), recurrent PPO, PPO and DQN under Taxi's action masks, DQN on FrozenLake's
-Discrete observations, on Atari's frame stacks (with rlstore[atari]) and with hindsight
-replay on bit flipping, and SAC, TD3, DDPG, TQC and CrossQ
-on Pendulum, with the code of COMMIT, checked out into a temporary git worktree, and with
-the code of this working tree, each in its own process with one torch thread, then compares
-every run's episode returns and final parameters bit for bit. Exits 1 on any difference.
+every option), PPO and DQN for 100k steps (where a change of rounding shows), recurrent
+PPO, PPO and DQN under Taxi's action masks, DQN on FrozenLake's Discrete observations, on
+Atari's frame stacks (with rlstore[atari]) and with hindsight replay on bit flipping, and
+SAC, TD3, DDPG, TQC and CrossQ on Pendulum, with the code of COMMIT, checked out into a
+temporary git worktree, and with the code of this working tree, each in its own process
+with one torch thread, then compares every run's episode returns and final parameters bit
+for bit. Exits 1 on any difference.
 """
 
 from __future__ import annotations
