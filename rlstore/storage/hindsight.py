@@ -191,11 +191,8 @@ class Relabelling:
     def __init__(
         self, hindsight: Hindsight, rows: int, num_envs: int, goals_of: Callable[[Any], Any]
     ) -> None:
-        self.hindsight, self.episodes, self.goals_of = (
-            hindsight,
-            EpisodeIndex(rows, num_envs),
-            goals_of,
-        )
+        self.hindsight, self.goals_of = hindsight, goals_of
+        self.episodes = EpisodeIndex(rows, num_envs)
 
     def relabel(
         self,
