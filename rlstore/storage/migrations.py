@@ -25,15 +25,21 @@ REPLAY_FORMAT = 2
 ROLLOUT_FORMAT = 2
 
 
+def _version(state: dict[str, Any], newest: int, what: str) -> int:
+    """A saved state's format version (1 before versions were kept); a ValueError for one
+    newer than this rlstore reads."""
+    version = int(state.get("format_version", 1))
+    if version > newest:
+        raise ValueError(
+            f"the {what} was saved by a newer rlstore (format {version}; this one reads up "
+            f"to {newest}): upgrade rlstore"
+        )
+    return version
+
+
 def replay_state(state: dict[str, Any]) -> dict[str, Any]:
     """A ReplayBuffer's saved state in REPLAY_FORMAT."""
-    version = int(state.get("format_version", 1))
-    if version > REPLAY_FORMAT:
-        raise ValueError(
-            f"the replay buffer was saved by a newer rlstore (format {version}; this one reads "
-            f"up to {REPLAY_FORMAT}): upgrade rlstore"
-        )
-    if version == 1:
+    if _version(state, REPLAY_FORMAT, "replay buffer") == 1:
         cursor, valid = int(state["cursor"]), state["valid"]
         newest = (cursor - 1) % valid.shape[0]
         state = {
@@ -49,13 +55,7 @@ def replay_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def rollout_state(state: dict[str, Any]) -> dict[str, Any]:
     """A RolloutStorage's saved state in ROLLOUT_FORMAT."""
-    version = int(state.get("format_version", 1))
-    if version > ROLLOUT_FORMAT:
-        raise ValueError(
-            f"the rollout storage was saved by a newer rlstore (format {version}; this one "
-            f"reads up to {ROLLOUT_FORMAT}): upgrade rlstore"
-        )
-    if version == 1:
+    if _version(state, ROLLOUT_FORMAT, "rollout storage") == 1:
         steps, num_envs = state["valid"].shape
         state = {
             "life_lost": torch.zeros((steps, num_envs), dtype=torch.bool),
