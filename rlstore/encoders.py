@@ -98,7 +98,7 @@ class OneHotEncoder(nn.Module):
     def host(self, obs: np.ndarray) -> np.ndarray:
         columns = np.asarray(obs, dtype=np.int64).reshape(len(obs), -1) + self._host_offsets
         out = np.zeros((len(obs), self.out_dim), dtype=np.float32)
-        np.put_along_axis(out, columns, 1.0, axis=1)
+        out[np.arange(len(obs))[:, None], columns] = 1.0  # (put_along_axis costs twice this)
         return out
 
 

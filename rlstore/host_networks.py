@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlstore.action_heads import MASKED_LOGIT
+from rlstore.action_heads import MASKED_LOGIT, masked_q
 from rlstore.parts import as_tensors, first_part
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -121,14 +121,16 @@ def host_features(obs: np.ndarray, encoder: Any = None) -> np.ndarray:
 
 
 class GreedyActor:
-    """argmax_a of a Q-network's advantage head for a batch of host observations, as an
-    int64 numpy array (with a dueling head V(s) and the mean advantage are the same for
-    every action, so this is the argmax of Q).
+    """argmax_a Q(s, a) for a batch of host observations, over the actions `masks` allows
+    where given, as an int64 numpy array; the network's greedy_action in numpy.
 
-    `path` is the runner from the input to the advantage head. With its parameters in
-    host memory the forward runs in numpy on views of them (HostViews); on any other
-    device, or with `use_numpy=False`, it runs in torch. With `outputs_per_action` n > 1
-    the head gives n numbers per action whose mean is Q (a quantile network's quantiles).
+    `path` is the runner from the input to the advantage head (with a dueling head V(s)
+    and the mean advantage are the same for every action, so the head's argmax is Q's).
+    With `outputs_per_action` n > 1 the head gives n numbers per action: quantiles whose
+    mean is Q (QR-DQN), or with `support` (the n atoms' values) atom logits whose
+    softmax-weighted sum of the support is Q (C51). With its parameters in host memory the
+    forward runs in numpy on views of them (HostViews); on any other device, or with
+    `use_numpy=False`, it runs in torch.
     """
 
     def __init__(
@@ -137,23 +139,42 @@ class GreedyActor:
         use_numpy: bool = True,
         encoder: Any = None,
         outputs_per_action: int = 1,
+        support: torch.Tensor | None = None,
     ) -> None:
         self.path, self.views = path, HostViews(path, use_numpy)
         # the Q-network's parameter-free encoder (rlstore/encoders.py); None: flattened floats
         self.encoder = encoder
-        self.n = outputs_per_action
+        self.n, self.support = outputs_per_action, support
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:
         views = self.views()
         if not views:
             with torch.inference_mode():
-                x = as_tensors(obs, self.views.weight.device)
+                device = self.views.weight.device
+                x = as_tensors(obs, device)
                 x = x.reshape(x.shape[0], -1).float() if self.encoder is None else self.encoder(x)
-                out = self.path(x)
-                q = out if self.n == 1 else out.view(len(out), -1, self.n).mean(-1)
-                return q.argmax(-1).cpu().numpy()
-        out = numpy_mlp(host_features(obs, self.encoder), views, tanh=False)
-        return (out if self.n == 1 else out.reshape(len(out), -1, self.n).sum(-1)).argmax(-1)
+                q = self._q(self.path(x), torch)
+                allowed = None if masks is None else torch.as_tensor(masks, device=device)
+                return masked_q(q, allowed).argmax(-1).cpu().numpy()
+        q = self._q(numpy_mlp(host_features(obs, self.encoder), views, tanh=False), np)
+        if masks is not None:
+            q = np.where(masks, q, -np.inf)
+        return q.argmax(-1)
+
+    def _q(self, out: Any, xp: Any) -> Any:
+        """Q (B, actions) up to a constant per row and a positive factor, from the head's
+        output in numpy or torch (`xp`): what its argmax needs."""
+        if self.n == 1:
+            return out
+        out = out.reshape(len(out), -1, self.n)
+        if self.support is None:  # quantiles: their sum
+            return out.sum(-1)
+        # atom logits: the softmax's expectation of the support
+        if xp is np:
+            weights, support = np.exp(out - out.max(-1, keepdims=True)), self.support.numpy()
+        else:
+            weights, support = torch.exp(out - out.amax(-1, keepdim=True)), self.support
+        return (weights * support).sum(-1) / weights.sum(-1)
 
 
 class HostActorCritic:

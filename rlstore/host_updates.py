@@ -382,15 +382,28 @@ def adam_in_host_memory(optimizer: torch.optim.Optimizer) -> bool:
     return plain_in_host_memory(optimizer, torch.optim.Adam, "weight_decay", "amsgrad")
 
 
+def allowed_argmax(q: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """argmax over the last axis among the `allowed` entries (all where None)."""
+    return (q if allowed is None else np.where(allowed, q, -np.inf)).argmax(-1)
+
+
+def no_bootstrap(batch: Any) -> np.ndarray:
+    """The transitions whose target takes no next value: terminated ones, and under action
+    masks those whose next state allows no action."""
+    allowed = batch.next_action_masks
+    return batch.terminated if allowed is None else batch.terminated | ~allowed.any(-1)
+
+
 def host_td_loss(out, next_out, next_online, batch, cfg) -> tuple:
     """algos/dqn.py's td_loss (Double DQN, MSE or Huber) on the Q-network's outputs in
     numpy: Q(s, .) `out`, the target network's Q(s', .) `next_out` and, with Double DQN,
-    the online network's `next_online`. Returns (per-sample loss, its derivative in `out`,
-    TD errors, Q(s, a)), the form HostDQNStep takes a loss in."""
+    the online network's `next_online`; with action masks, a' is among the actions the next
+    state allows (none allowed: no bootstrap). Returns (per-sample loss, its derivative in
+    `out`, TD errors, Q(s, a)), the form HostDQNStep takes a loss in."""
     B, actions = len(out), batch.actions
     chooser = next_out if next_online is None else next_online  # Double DQN: the online net
-    next_value = next_out[_rows(B), chooser.argmax(-1)]
-    next_value[batch.terminated] = 0.0
+    next_value = next_out[_rows(B), allowed_argmax(chooser, batch.next_action_masks)]
+    next_value[no_bootstrap(batch)] = 0.0
     td_target = batch.rewards + batch.discounts * next_value
     q_value = out[_rows(B), actions]
     error = q_value - td_target

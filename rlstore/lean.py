@@ -15,34 +15,38 @@ import numpy as np
 
 from rlstore.host_networks import HostActorCritic
 from rlstore.lean_envs import LeanSyncVectorEnv
+from rlstore.masks import ActionMasks
 
 
 class LeanDQNStep:
-    """One step of DQN's loop with one env: act epsilon-greedily, step the env, write the
-    transition into the replay buffer, count the episode. It stands for algos/dqn.py's
-    epsilon_greedy -> envs.step -> buffer.add -> run.record_step and leaves the vector env,
-    the buffer, the episode statistics, the run and numpy's RNG as those calls would (bit
-    for bit), with scalar writes where they go through their general, batched checks and
-    bookkeeping: with one env, that bookkeeping is most of a step's cost.
+    """One step of DQN's loop with one env: act epsilon-greedily, step the env, read its
+    action mask (where it gives them), write the transition into the replay buffer, count
+    the episode. It stands for algos/dqn.py's epsilon_greedy -> envs.step -> buffer.add ->
+    run.record_step and leaves the vector env, the masks, the buffer, the episode
+    statistics, the run and numpy's RNG as those calls would (bit for bit), with scalar
+    writes where they go through their general, batched checks and bookkeeping: with one
+    env, that bookkeeping is most of a step's cost.
 
-    For a LeanSyncVectorEnv of one env and a ReplayBuffer in host memory with flat
-    observations and uniform sampling. Returns the env's next observations (a new array,
-    as envs.step returns). When the last step was not its own (the first one, or after a
-    checkpoint was loaded), it takes the loop's general step instead.
+    For a LeanSyncVectorEnv of one env (under an ActionMasks, with `masks`) and a
+    ReplayBuffer in host memory with flat observations and uniform sampling. Returns the
+    env's next observations (a new array, as envs.step returns). When the last step was
+    not its own (the first one, or after a checkpoint was loaded), it takes the loop's
+    general step instead.
     """
 
     def __init__(
         self,
-        envs: LeanSyncVectorEnv,
+        envs: gym.vector.VectorEnv,
         buffer: Any,
         run: Any,
         greedy_actions,
         num_actions: int,
         sign_rewards: bool,
+        masks: ActionMasks | None = None,
     ) -> None:
-        self.envs, self.buffer, self.run = envs, buffer, run
+        self.envs, self.buffer, self.run = lean_env_of(envs), buffer, run
         self.greedy_actions, self.num_actions = greedy_actions, num_actions
-        self.sign_rewards = sign_rewards
+        self.sign_rewards, self.masks = sign_rewards, masks
         # After its own last step: what it returned, the buffer's add count, and whether
         # that step ended an episode (envs.autoreset, buffer.last_done and stats.prev_done,
         # which all hold it).
@@ -51,8 +55,9 @@ class LeanDQNStep:
 
     @staticmethod
     def supports(envs: gym.vector.VectorEnv, buffer: Any) -> bool:
+        """For the vector env of a run (a lean one, or an ActionMasks of one) and its buffer."""
         return (
-            type(envs) is LeanSyncVectorEnv
+            type(lean_env_of(envs)) is LeanSyncVectorEnv
             and envs.num_envs == 1
             and buffer.num_envs == 1
             and buffer.device.type == "cpu"
@@ -66,32 +71,42 @@ class LeanDQNStep:
     ) -> np.ndarray:
         """The step from `obs` (the envs' observations); `general(epsilon)` is the loop's
         own step, for when this one does not apply."""
-        buffer, run = self.buffer, self.run
+        buffer, run, masks = self.buffer, self.run, self.masks
         if obs is not self._next_obs or buffer.added != self._added:
             self._next_obs = general(epsilon)
             self._added, self._done = buffer.added, bool(buffer.last_done[0])
             return self._next_obs
         # epsilon_greedy for one env: the same two uniforms from numpy's global RNG
         explore, which = np.random.random(2).tolist()
-        if explore < epsilon:
-            action = int(which * self.num_actions)
-        else:
-            action = int(self.greedy_actions(obs)[0])
+        if masks is None:
+            if explore < epsilon:
+                action = int(which * self.num_actions)
+            else:
+                action = int(self.greedy_actions(obs)[0])
+        else:  # among the allowed actions: the k-th, k uniform, or the greedy one
+            mask = masks.masks
+            if explore < epsilon:
+                allowed = np.flatnonzero(mask[0])
+                action = int(allowed[int(which * len(allowed))])
+            else:
+                action = int(self.greedy_actions(obs, mask)[0])
         # LeanSyncVectorEnv.step (its reward and flag arrays only stage what it returns)
         envs, valid = self.envs, not self._done  # the step after a done is a pseudo-step
+        env = envs.envs[0]
         if valid:
-            next_one, reward, terminated, truncated, _ = envs.envs[0].step(action)
+            next_one, reward, terminated, truncated, info = env.step(action)
             reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         else:  # the pseudo-step: reset, reward 0, no flags
-            next_one, _ = envs.envs[0].reset()
+            next_one, info = env.reset()
             reward, terminated, truncated = 0.0, False, False
         done = self._done = terminated or truncated
         envs.observations[0] = next_one
         envs.autoreset[0] = done  # the general calls put new arrays: nothing else holds these
         next_obs = envs.observations.copy()
+        next_mask = None if masks is None else masks.read_envs([env], [info], [done])
         # ReplayBuffer.add and Run.record_step, through their one-env doors
         learnt = np.sign(reward) if self.sign_rewards else reward
-        buffer.add_one(action, learnt, next_obs, terminated, truncated)
+        buffer.add_one(action, learnt, next_obs, terminated, truncated, next_mask)
         self._added = buffer.added
         run.count_steps(1)
         episode = run.stats.update_one(reward, done)
@@ -99,6 +114,11 @@ class LeanDQNStep:
             run.record_episodes([episode[0]], [episode[1]])
         self._next_obs = next_obs
         return next_obs
+
+
+def lean_env_of(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    """The vector env under an ActionMasks layer (the env itself where it has none)."""
+    return envs.env if isinstance(envs, ActionMasks) else envs
 
 
 class LeanRollout:
@@ -114,31 +134,35 @@ class LeanRollout:
     third of the step.
 
     With an observation normalizer and a reward scaler (`obs_norm`, `reward_scale`), each
-    step's observations and rewards go through them as the loop sends them; without rewards
-    learnt by sign or lives (the caller checks those). The env, the storage and the
+    step's observations and rewards go through them as the loop sends them; under action
+    masks (`masks`, the run's ActionMasks) it acts among the allowed actions and stores the
+    masks; without rewards learnt by sign or lives (the caller checks those). The env, the
+    storage and the
     statistics each keep whether the last step ended an episode; when they disagree (a
     resume that had to reset the envs, for one), the loop's general step goes first.
     """
 
     def __init__(
         self,
-        envs: LeanSyncVectorEnv,
+        envs: gym.vector.VectorEnv,
         storage: Any,
         act: HostActorCritic,
         run: Any,
         obs_norm: Any = None,
         reward_scale: Any = None,
+        masks: ActionMasks | None = None,
     ) -> None:
-        self.envs, self.storage, self.act, self.run = envs, storage, act, run
-        self.obs_norm, self.reward_scale = obs_norm, reward_scale
+        self.envs, self.storage, self.act, self.run = lean_env_of(envs), storage, act, run
+        self.obs_norm, self.reward_scale, self.masks = obs_norm, reward_scale, masks
 
     @staticmethod
     def supports(envs: gym.vector.VectorEnv, storage: Any, act: Any) -> bool:
+        """For the vector env of a run (a lean one, or an ActionMasks of one), its storage
+        and its numpy actor-critic."""
         return (
-            type(envs) is LeanSyncVectorEnv
+            type(lean_env_of(envs)) is LeanSyncVectorEnv
             and storage.on_host
             and not storage.has_lives
-            and storage.action_masks is None
             and isinstance(act, HostActorCritic)
             and bool(act.actor())
         )
@@ -154,7 +178,7 @@ class LeanRollout:
     def collect(self, general_step: Callable[[], None]) -> None:
         """The rest of the rollout; `general_step()` is the loop's own step."""
         storage, envs, run, act = self.storage, self.envs, self.run, self.act
-        obs_norm, reward_scale = self.obs_norm, self.reward_scale
+        obs_norm, reward_scale, masks = self.obs_norm, self.reward_scale, self.masks
         while storage.step < storage.num_steps and not self._in_lockstep():
             general_step()
         start, T, N = storage.step, storage.num_steps, storage.num_envs
@@ -173,9 +197,11 @@ class LeanRollout:
         env_list = envs.envs
         actor, critic, noise = act.actor(), act.critic(), act.noise(T - start, N)
         # Each step's outputs, handed to the storage once the rollout is complete
-        acted, rewards, terminations, truncations = [], [], [], []
+        acted, rewards, terminations, truncations, allowed = [], [], [], [], []
+        infos = [{}] * N  # each env's last info, for its action mask
         for j in range(T - start):
-            action, log_prob, value = act.sample(obs[j], actor, critic, noise[j])
+            mask = None if masks is None else masks.masks  # the current observations'
+            action, log_prob, value = act.sample(obs[j], actor, critic, noise[j], mask)
             acted.append((action, log_prob, value))
             env_actions = np.clip(action, space.low, space.high) if box else action
             if discrete:  # Python ints, as LeanSyncVectorEnv.step sends them
@@ -185,10 +211,10 @@ class LeanRollout:
             finished = None
             for i, env in enumerate(env_list):
                 if ended[i]:  # the pseudo-step: reset, reward 0, no flags
-                    next_obs[i], _ = env.reset()
+                    next_obs[i], infos[i] = env.reset()
                     ended[i] = False
                     continue
-                next_obs[i], reward, terminated, truncated, _ = env.step(env_actions[i])
+                next_obs[i], reward, terminated, truncated, infos[i] = env.step(env_actions[i])
                 reward = step_rewards[i] = float(reward)
                 returns[i] += reward
                 lengths[i] += 1
@@ -197,6 +223,9 @@ class LeanRollout:
                     ended[i] = True
                     finished = [] if finished is None else finished
                     finished.append(i)
+            if masks is not None:
+                done = np.logical_or(step_terminated, step_truncated)
+                allowed.append(masks.read_envs(env_list, infos, done))
             if obs_norm is not None:
                 obs[j + 1] = obs_norm(raw, update=True)
             if reward_scale is None:
@@ -221,6 +250,7 @@ class LeanRollout:
             np.array(rewards),
             np.array(terminations),
             np.array(truncations),
+            action_masks=None if masks is None else np.array(allowed),
         )
         stats.load_state_dict(
             {

@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlstore.errors import UsageError
 from rlstore.text import size
@@ -145,8 +145,8 @@ def skip_dynamo_import() -> None:
     adam/rmsprop in torch._disable_dynamo, which imports torch._dynamo on first use and
     caches the disabled function as `fn.__dynamo_disable`. rlstore never compiles, so this
     sets that cache to the plain function, where the wrappers are the ones expected; a
-    torch without them is left alone. (Optimizer.step still imports it: the numpy steps of
-    the small MLPs never call step.)"""
+    torch without them is left alone. (Optimizer.step imports it too: rlstore's loops step
+    their optimizers through optimizer_step.)"""
     import torch
 
     disable = getattr(torch, "_disable_dynamo", None)
@@ -163,6 +163,45 @@ def skip_dynamo_import() -> None:
                 target = wrapper.__wrapped__
                 target.__dynamo_disable = target
             wrapper = getattr(wrapper, "__wrapped__", None)
+
+
+_PLAIN_STEPS: dict[type, Any] = {}  # optimizer class -> its step without the wrapper
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+    """optimizer.step(), without the wrapper torch puts around every optimizer's step for
+    torch.compile (_use_grad_for_differentiable: its graph breaks import torch._dynamo, as
+    skip_dynamo_import says, about 0.9 s at start-up, which rlstore, never compiling, does
+    not need): the step itself with gradients off, as the wrapper calls it, on the torch
+    versions skip_dynamo_import is tested on, for an optimizer with no step hooks (they and
+    the profiler's label live in the outer wrapper) that is not differentiable;
+    optimizer.step() elsewhere. The same update either way (tests/test_fast.py)."""
+    import torch
+    from torch.optim import optimizer as torch_optimizer
+
+    kind = type(optimizer)
+    if kind not in _PLAIN_STEPS:
+        _PLAIN_STEPS[kind] = None
+        wrapper = kind.step
+        tested = torch.__version__.startswith(SKIP_DYNAMO_TORCH_VERSIONS)
+        while tested and callable(wrapper):
+            code = getattr(wrapper, "__code__", None)
+            if code is not None and code.co_name == "_use_grad":
+                _PLAIN_STEPS[kind] = wrapper.__wrapped__
+                break
+            wrapper = getattr(wrapper, "__wrapped__", None)
+    plain = _PLAIN_STEPS[kind]
+    hooked = (
+        optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or torch_optimizer._global_optimizer_pre_hooks
+        or torch_optimizer._global_optimizer_post_hooks
+    )
+    if plain is None or hooked or optimizer.defaults.get("differentiable", False):
+        optimizer.step()
+        return
+    with torch.no_grad():
+        plain(optimizer)
 
 
 def cpu_model() -> str:

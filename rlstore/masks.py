@@ -22,6 +22,10 @@ import numpy as np
 from rlstore.errors import UsageError
 
 INFO_KEY = "action_mask"
+NO_MASK_IN_INFO = (
+    f"an env gave no info['{INFO_KEY}'] at a step, though it gave one at reset; "
+    "give one with every reset and step, or train with --action-masks off"
+)
 MASK_SOURCES = {"info": f'info["{INFO_KEY}"]', "method": "its action_masks() method"}
 
 
@@ -67,6 +71,7 @@ class ActionMasks(gym.vector.VectorWrapper):
             else [self.width]
         )
         self.masks = np.ones((env.num_envs, self.width), dtype=bool)
+        self._starts = np.cumsum([0, *self.nvec[:-1]])  # each sub-action's first entry
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, infos = self.env.reset(**kwargs)
@@ -84,12 +89,35 @@ class ActionMasks(gym.vector.VectorWrapper):
         if self.source == "info":
             masks, given = infos.get(INFO_KEY), infos.get("_" + INFO_KEY)
             if masks is None or (given is not None and not np.all(given)):
-                raise UsageError(
-                    f"an env gave no info['{INFO_KEY}'] at a step, though it gave one at reset; "
-                    "give one with every reset and step, or train with --action-masks off"
-                )
+                raise UsageError(NO_MASK_IN_INFO)
         else:
             masks = np.stack([np.asarray(m) for m in self.env.call("action_masks")])
+        return self.checked(masks, done)
+
+    def read_envs(self, envs: list[gym.Env], infos: list[dict[str, Any]], done: Any) -> np.ndarray:
+        """_read for a vector env whose envs were stepped or reset outside it (the lean
+        loops): the masks after that step of each of `envs`, whose infos were `infos` and
+        which ended where `done`, kept as `masks` and returned."""
+        if self.source == "info":
+            masks = [info.get(INFO_KEY) for info in infos]
+            if any(mask is None for mask in masks):
+                raise UsageError(NO_MASK_IN_INFO)
+        else:
+            masks = [env.get_wrapper_attr("action_masks")() for env in envs]
+        try:
+            stacked = np.array(masks)  # (np.stack costs 8x more)
+        except ValueError:  # of different shapes
+            shapes = sorted({np.shape(mask) for mask in masks})
+            raise UsageError(
+                f"the envs' action masks differ in shape ({', '.join(map(str, shapes))}); "
+                f"{self.single_action_space} needs {self.width} booleans per env"
+            ) from None
+        self.masks = self.checked(stacked, done)
+        return self.masks
+
+    def checked(self, masks: Any, done: np.ndarray) -> np.ndarray:
+        """The envs' masks as booleans, checked: their shape and dtype, and an allowed
+        action (per sub-action) for every env that is not `done`."""
         masks = np.asarray(masks)
         if masks.shape != (self.num_envs, self.width) or masks.dtype.kind not in "biu":
             raise UsageError(
@@ -98,8 +126,12 @@ class ActionMasks(gym.vector.VectorWrapper):
                 "one per action" + (", sub-action by sub-action" if len(self.nvec) > 1 else "")
             )
         masks = masks.astype(bool)
-        offsets = np.cumsum([0, *self.nvec[:-1]])
-        allowed = np.logical_or.reduceat(masks, offsets, axis=1).all(axis=1)
+        if len(self.nvec) == 1:
+            allowed = masks.any(axis=1)
+        else:
+            allowed = np.logical_or.reduceat(masks, self._starts, axis=1).all(axis=1)
+        if allowed.all():  # (the usual case, told at once)
+            return masks
         stuck = ~allowed & ~np.asarray(done, dtype=bool)
         if stuck.any():
             env = int(np.flatnonzero(stuck)[0])

@@ -407,8 +407,8 @@ class QNetwork(nn.Module):
             return masked_q(q, allowed).argmax(-1).cpu().numpy()
 
     def greedy_actor(self) -> GreedyActor | None:
-        """greedy_action without masks in numpy (a fast path), where the encoder has a
-        numpy twin; None elsewhere."""
+        """greedy_action in numpy (a fast path), where the encoder has a numpy twin; None
+        elsewhere."""
         if not hasattr(self.encoder, "host"):
             return None
         return GreedyActor(self.advantage_path, encoder=self.encoder)

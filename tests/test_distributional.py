@@ -369,14 +369,18 @@ def test_qrdqn_with_many_quantiles_takes_the_sorted_loss_and_the_same_gradient(
 
 
 @pytest.mark.parametrize(
-    "prioritized, double_dqn, max_grad_norm", [(False, False, None), (True, True, 0.5)]
+    "prioritized, double_dqn, max_grad_norm, masked",
+    [(False, False, None, False), (True, True, 0.5, False), (False, True, None, True)],
 )
-def test_qrdqn_host_gradient_steps_equal_the_torch_steps(prioritized, double_dqn, max_grad_norm):
+def test_qrdqn_host_gradient_steps_equal_the_torch_steps(
+    prioritized, double_dqn, max_grad_norm, masked
+):
     """gradient_step with HostDQNStep and QR-DQN's numpy loss (host_quantile_loss) and
     with the torch loss: five steps from the same weights on the same replay, the same
     losses, Q(s, a), parameters and (with PER) priorities, up to rounding. Rewards of
     several units put the pairs on both sides of the Huber loss's kink; terminations and
-    truncations are in the replay."""
+    truncations are in the replay, and with `masked` action masks (next states that allow
+    no action bootstrap from nothing)."""
     import gymnasium as gym
 
     from rlstore.algos import dqn, qrdqn
@@ -402,7 +406,7 @@ def test_qrdqn_host_gradient_steps_equal_the_torch_steps(prioritized, double_dqn
         for n in (q, twin)
     )
     assert HostDQNStep.supports(q, opt)
-    buffers = twin_buffers(obs_dim, actions, prioritized, seed=4, reward_scale=3.0)
+    buffers = twin_buffers(obs_dim, actions, prioritized, seed=4, reward_scale=3.0, masked=masked)
     host_step = HostDQNStep(q, target, opt, qrdqn.host_quantile_loss)
     for _ in range(5):
         loss, q_value = dqn.gradient_step(q, target, opt, buffers[0], 0.4, cfg, host_step)

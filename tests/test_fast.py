@@ -8,12 +8,13 @@ import pytest
 import torch
 from extras import requires_extra
 from replay_twins import twin_buffers
+from test_masks import random_masks
 from tiny_runs import Watch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
 from rlstore.host_networks import GreedyActor, SequentialRunner
-from rlstore.lean import LeanDQNStep, LeanRollout
+from rlstore.lean import LeanDQNStep, LeanRollout, lean_env_of
 from rlstore.lean_envs import LeanSyncVectorEnv
 from rlstore.networks import (
     ActorCritic,
@@ -183,28 +184,38 @@ def test_lean_sync_vector_env_steps_as_gymnasiums(make_one, num_envs):
     theirs.close()
 
 
-def torch_greedy(q_network: QNetwork, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The oracle: argmax of the module's forward, and which rows have no near-tie."""
+def torch_greedy(
+    q_network: nn.Module, obs: np.ndarray, masks: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle: argmax of the module's Q-values (among the actions `masks` allows), and
+    which rows have no near-tie."""
     with torch.no_grad():
-        q = q_network(torch.from_numpy(obs)).numpy()
+        obs = torch.from_numpy(obs)
+        q = (q_network.q_values(obs) if hasattr(q_network, "q_values") else q_network(obs)).numpy()
+    if masks is not None:
+        q = np.where(masks, q, -np.inf)
     top2 = np.sort(q, axis=-1)[:, -2:]
     return q.argmax(-1), top2[:, 1] - top2[:, 0] > 1e-4
 
 
 @pytest.mark.parametrize("dueling", [False, True])
 @pytest.mark.parametrize("use_numpy", [True, False])
-def test_greedy_actor_picks_the_q_networks_argmax(dueling, use_numpy):
+@pytest.mark.parametrize("masked", [False, True])
+def test_greedy_actor_picks_the_q_networks_argmax(dueling, use_numpy, masked):
     torch.manual_seed(0)
     q_network = QNetwork(6, 5, dueling=dueling)
     actor = GreedyActor(q_network.advantage_path, use_numpy=use_numpy)
     rng = np.random.default_rng(0)
     for rows in (1, 4, 256):
         obs = rng.normal(size=(rows, 6)).astype(np.float32) * 3
-        expected, clear = torch_greedy(q_network, obs)
-        actions = actor(obs)
+        masks = random_masks(rng, rows, 5) if masked else None
+        expected, clear = torch_greedy(q_network, obs, masks)
+        actions = actor(obs, masks)
         assert actions.dtype == np.int64 and actions.shape == (rows,)
         np.testing.assert_array_equal(actions[clear], expected[clear])
         assert clear.mean() > 0.9
+        if masked:
+            assert masks[np.arange(rows), actions].all()
 
 
 def test_greedy_actor_follows_parameter_updates_and_moves():
@@ -307,6 +318,8 @@ def general_steps(monkeypatch) -> list:
     "env_id, sign_rewards",
     [
         ("CartPole-v1", False),
+        ("Taxi-v4", False),  # under its action masks, from info["action_mask"]
+        ("tests.space_envs:MethodMaskedBox-v0", False),  # masks from action_masks()
         pytest.param("LunarLander-v3", True, marks=requires_extra("box2d", "Box2D")),
     ],
 )
@@ -315,7 +328,8 @@ def test_one_env_dqn_step_is_the_loops_step(
 ):
     """A one-env DQN run through LeanDQNStep ends bit for bit where the loop's own calls
     end: the same replay buffer (wrapped around), episodes, parameters and numpy RNG state,
-    with episodes ended by termination and by the time limit (and learnt by sign)."""
+    with episodes ended by termination and by the time limit (and learnt by sign), and
+    under action masks the same masks stored."""
     from rlstore.algos import dqn
     from rlstore.algos.dqn import DQNConfig
 
@@ -351,11 +365,19 @@ def test_one_env_dqn_step_is_the_loops_step(
     for p, q in zip(fast[0].model.parameters(), plain[0].model.parameters(), strict=True):
         assert torch.equal(p, q)
     for name, value in plain[1].items():
-        other = fast[1][name]
-        same = torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other
-        assert same, name
+        assert same_tree(value, fast[1][name]), name
     for a, b in zip(fast[2], plain[2], strict=True):
         assert np.array_equal(a, b)
+
+
+def same_tree(a, b) -> bool:
+    """Tensors, arrays and Python values, or tuples of them (a buffer's observations with
+    their masks), equal entry by entry."""
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return bool(np.all(a == b))
 
 
 @pytest.mark.parametrize("continuous", [False, True])
@@ -403,12 +425,19 @@ def test_host_ppo_step_is_the_torch_step(continuous, clip_vloss, norm_adv, max_g
 
 
 @pytest.mark.parametrize(
-    "loss, double_dqn, prioritized, max_grad_norm",
-    [("mse", False, False, None), ("huber", True, True, 10.0), ("huber", False, False, 0.1)],
+    "loss, double_dqn, prioritized, max_grad_norm, masked",
+    [
+        ("mse", False, False, None, False),
+        ("huber", True, True, 10.0, False),
+        ("huber", False, False, 0.1, False),
+        ("mse", False, False, None, True),
+        ("huber", True, True, 10.0, True),
+    ],
 )
-def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad_norm):
+def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad_norm, masked):
     """Three gradient steps: parameters, loss, TD errors and Q(s, a) equal the
-    torch path's (td_loss, backward, clipping, fused Adam) to float32 rounding."""
+    torch path's (td_loss, backward, clipping, fused Adam) to float32 rounding; with action
+    masks too (some next states allowing one action, some none)."""
     import copy
 
     from rlstore.algos.dqn import DQNConfig, td_loss
@@ -441,6 +470,13 @@ def test_host_dqn_step_is_the_torch_step(loss, double_dqn, prioritized, max_grad
             weights=f32(B).abs(),
             indices=torch.arange(B),
         )
+        if masked:
+            allowed = rng.random((B, 3)) < 0.5
+            allowed[:4] = False  # no action allowed: no bootstrap
+            allowed[4:8] = [True, False, False]  # one allowed: its value, whatever the max
+            allowed = torch.from_numpy(allowed)
+            batch = batch._replace(action_masks=torch.ones(B, 3, dtype=bool))
+            batch = batch._replace(next_action_masks=allowed)
         expected = td_loss(q, target, batch, cfg)
         opt.zero_grad()
         expected[0].backward()
@@ -500,10 +536,47 @@ def test_host_a2c_step_is_the_torch_step(continuous, norm_adv):
             )
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: torch.optim.Adam(params, lr=1e-2, fused=True),
+        lambda params: torch.optim.Adam(params, lr=1e-2, eps=1e-5),
+        lambda params: torch.optim.RMSprop(params, lr=1e-2, alpha=0.99, eps=1e-5),
+    ],
+)
+@pytest.mark.parametrize("hooked", [False, True])
+def test_optimizer_step_is_the_optimizers_step(make, hooked):
+    """optimizer_step updates the parameters and the optimizer's state bit for bit as
+    optimizer.step() does, and with a step hook registered runs step() itself (the hook
+    is called)."""
+    from rlstore.machine import optimizer_step
+
+    torch.manual_seed(3)
+    nets = [nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    optimizers = [make(net.parameters()) for net in nets]
+    calls = []
+    if hooked:
+        optimizers[1].register_step_post_hook(lambda *args: calls.append(1))
+    for _ in range(4):
+        x = torch.randn(16, 4)
+        for net, optimizer, step in zip(nets, optimizers, ("step", "ours"), strict=True):
+            optimizer.zero_grad()
+            net(x).square().mean().backward()
+            optimizer.step() if step == "step" else optimizer_step(optimizer)
+    for p, q in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+        assert torch.equal(p, q)
+        for key, value in optimizers[0].state[p].items():
+            assert torch.equal(value, optimizers[1].state[q][key]), key
+    assert calls == ([1] * 4 if hooked else [])
+
+
 @pytest.mark.slow
 def test_a_run_does_not_import_the_compiler_stack(tmp_path):
-    """skip_dynamo_import: PPO, A2C and DQN runs on small MLPs (numpy steps, checkpoints
-    written and read) never import torch._dynamo, which costs about 0.9 s at start-up."""
+    """skip_dynamo_import and optimizer_step: PPO, A2C and DQN runs on small MLPs (numpy
+    steps, checkpoints written and read), DQN under Taxi's action masks, and runs whose
+    updates step torch optimizers (C51, SAC) never import torch._dynamo, which costs about
+    0.9 s at start-up."""
     import subprocess
     import sys
 
@@ -514,10 +587,18 @@ def test_a_run_does_not_import_the_compiler_stack(tmp_path):
     code = f"""
 import sys
 from rlstore.cli import main
-extra = {{"ppo": [], "a2c": [], "dqn": ["--learning-starts", "500"]}}
-for algo in ("ppo", "a2c", "dqn"):
+starts = ["--learning-starts", "500"]
+runs = [
+    ("ppo", []),
+    ("a2c", []),
+    ("dqn", starts),
+    ("dqn", starts + ["--env", "Taxi-v4"]),
+    ("c51", starts),
+    ("sac", ["--env", "Pendulum-v1", "--learning-starts", "1900"]),
+]
+for algo, extra in runs:
     args = ["train", algo, "--total-timesteps", "2048", "--logdir", {str(tmp_path)!r}]
-    assert main(args + ["--no-progress"] + extra[algo]) == 0
+    assert main(args + ["--no-progress"] + extra) == 0
 print("dynamo imported:", "torch._dynamo" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -531,16 +612,20 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
         ("Pendulum-v1", False),
         ("Pendulum-v1", True),  # Box actions
         ("CartPole-v1", True),
+        ("Taxi-v4", False),  # under its action masks, from info["action_mask"]
+        ("tests.space_envs:MethodMaskedBox-v0", False),  # masks from action_masks()
     ],
 )
 def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, env_id, normalize):
-    """Rollouts collected through LeanRollout leave the storage, the vector env, the episode
-    statistics, the normalizers, the run and numpy's RNG bit for bit as the loop's own
-    calls leave them, with episodes ended by termination and by the time limit; when the
+    """Rollouts collected through LeanRollout leave the storage (its action masks too), the
+    vector env, the episode statistics, the normalizers, the run and numpy's RNG bit for
+    bit as the loop's own calls leave them, with episodes ended by termination and by the
+    time limit; when the
     env, the storage and the statistics disagree on the last step (a checkpoint loaded into
     one of them), the loop's own step goes first, once."""
     from rlstore import algos
     from rlstore.algos._on_policy import build_actor_critic, collect_rollout
+    from rlstore.masks import masks_of
     from rlstore.presets import resolve
     from rlstore.run import Run
 
@@ -586,6 +671,8 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
                         "prev_done",
                     )
                 ]
+                + [None if storage.action_masks is None else storage.action_masks.clone()]
+                + [None if masks_of(envs) is None else masks_of(envs).masks.copy()]
                 + [
                     storage.step,
                     run.global_step,
@@ -594,7 +681,7 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
                     stats.prev_done.copy(),
                 ]
                 + [
-                    getattr(envs, name).copy()
+                    getattr(lean_env_of(envs), name).copy()
                     for name in (
                         "observations",
                         "rewards",
@@ -863,11 +950,18 @@ def test_fast_paths_off_takes_no_fast_path(algo, tmp_path, monkeypatch):
     assert called and set(kinds) == {LeanSyncVectorEnv}
 
 
+@pytest.mark.parametrize(
+    "kind, dueling", [("quantile", False), ("quantile", True), ("categorical", False)]
+)
 @pytest.mark.parametrize("use_numpy", [True, False])
-def test_greedy_actor_of_a_quantile_network_picks_the_argmax_of_the_quantiles_mean(use_numpy):
-    """QR-DQN's network: GreedyActor with outputs_per_action (its quantiles) picks the
-    argmax of greedy_action's Q, the mean of each action's quantiles; the networks a mean of
-    outputs is not Q for (C51's atoms, a dueling or noisy head) have no such actor."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_greedy_actor_of_a_distributional_network_picks_its_q_values_argmax(
+    kind, dueling, use_numpy, masked
+):
+    """QR-DQN's and C51's networks: GreedyActor with outputs_per_action (quantiles, or atom
+    logits with the support) picks the argmax of q_values (the quantiles' mean, the atoms'
+    expectation), among the allowed actions where masked; the networks whose outputs do
+    not order actions so (a noisy head, a dueling categorical one) have no such actor."""
     import gymnasium as gym
 
     from rlstore.algos._distributional import DistributionalQNetwork
@@ -875,22 +969,20 @@ def test_greedy_actor_of_a_quantile_network_picks_the_argmax_of_the_quantiles_me
 
     space = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
     torch.manual_seed(4)
-    network = DistributionalQNetwork(5, "quantile", 7, (32, 32), encoder_for(space))
+    network = DistributionalQNetwork(5, kind, 7, (32, 32), encoder_for(space), dueling=dueling)
     actor = network.greedy_actor()
     if not use_numpy:
-        actor = GreedyActor(network.advantage_path, False, network.encoder, 7)
+        actor = GreedyActor(network.advantage_path, False, network.encoder, 7, actor.support)
     rng = np.random.default_rng(4)
     for rows in (1, 4, 256):
         obs = rng.normal(size=(rows, 6)).astype(np.float32) * 3
-        with torch.no_grad():
-            q = network.q_values(torch.from_numpy(obs)).numpy()
-        top2 = np.sort(q, axis=-1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > 1e-4
-        actions = actor(obs)
+        masks = random_masks(rng, rows, 5) if masked else None
+        expected, clear = torch_greedy(network, obs, masks)
+        actions = actor(obs, masks)
         assert actions.dtype == np.int64 and actions.shape == (rows,)
-        np.testing.assert_array_equal(actions[clear], q.argmax(-1)[clear])
-        assert clear.mean() > 0.9
-    for options in (dict(kind="categorical"), dict(dueling=True), dict(noisy=True)):
+        np.testing.assert_array_equal(actions[clear], expected[clear])
+        assert clear.mean() > 0.8
+    for options in (dict(kind="categorical", dueling=True), dict(noisy=True)):
         kind = options.pop("kind", "quantile")
         other = DistributionalQNetwork(5, kind, 7, (32, 32), encoder_for(space), **options)
         assert other.greedy_actor() is None

@@ -264,6 +264,39 @@ def test_action_masks_reads_either_convention_and_checks_them():
         ActionMasks(box, "info")
 
 
+def test_read_envs_reads_and_checks_masks_as_a_vector_step_does():
+    """ActionMasks.read_envs, the lean loops' door: the masks of envs stepped outside the
+    vector env, from their infos or their action_masks(), kept as `masks` and checked as
+    _read checks a vector step's: a missing mask, one of the wrong width, one allowing no
+    action at a live step, and envs whose masks differ in shape are one line each."""
+    envs = ActionMasks(
+        gym.vector.SyncVectorEnv([lambda: gym.make("space_envs:MaskedPick-v0")] * 2), "info"
+    )
+    envs.reset(seed=0)
+    inner = envs.env.envs
+    infos = [{"action_mask": np.array([1, 0, 1, 1], np.int8)}, {"action_mask": np.ones(4, bool)}]
+    masks = envs.read_envs(inner, infos, [False, False])
+    assert masks is envs.masks and masks.dtype == bool
+    assert masks.tolist() == [[True, False, True, True], [True] * 4]
+    with pytest.raises(UsageError, match=r"gave no info\['action_mask'\]"):
+        envs.read_envs(inner, [infos[0], {}], [False, False])
+    with pytest.raises(UsageError, match=r"of shape \(3,\) per env"):
+        envs.read_envs(inner, [{"action_mask": np.ones(3, bool)}] * 2, [False, False])
+    with pytest.raises(UsageError, match="differ in shape"):
+        envs.read_envs(inner, [infos[0], {"action_mask": np.ones(3, bool)}], [False, False])
+    nothing = [{"action_mask": np.zeros(4, bool)}] * 2
+    with pytest.raises(UsageError, match="env 1's action mask allows no action"):
+        envs.read_envs(inner, nothing, [True, False])
+    assert not envs.read_envs(inner, nothing, [True, True]).any()  # done envs need not
+    method = ActionMasks(
+        gym.vector.SyncVectorEnv([lambda: gym.make("space_envs:MethodMaskedBox-v0")]), "method"
+    )
+    method.reset(seed=2)
+    env = method.env.envs[0]
+    expected = env.unwrapped.action_masks()
+    assert method.read_envs([env], [{}], [False]).tolist() == [expected.tolist()]
+
+
 @pytest.mark.parametrize(
     "algo, env_id",
     [

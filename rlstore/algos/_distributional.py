@@ -162,12 +162,14 @@ class DistributionalQNetwork(nn.Module):
             return masked_q(q, allowed).argmax(-1).cpu().numpy()
 
     def greedy_actor(self) -> GreedyActor | None:
-        """greedy_action without masks in numpy (a fast path), for a plain quantile MLP
-        (the argmax of the quantiles' mean) whose encoder has a numpy twin; None elsewhere."""
-        plain = self.kind == "quantile" and not self.dueling and not self.noisy
-        if not plain or not hasattr(self.encoder, "host"):
+        """greedy_action in numpy (a fast path) for a plain MLP (no noisy layers; a dueling
+        head only with quantiles, where the advantages' means order the actions as Q does)
+        whose encoder has a numpy twin; None elsewhere."""
+        categorical = self.kind == "categorical"
+        if self.noisy or (self.dueling and categorical) or not hasattr(self.encoder, "host"):
             return None
-        return GreedyActor(self.advantage_path, encoder=self.encoder, outputs_per_action=self.n)
+        support = self.support if categorical else None
+        return GreedyActor(self.advantage_path, True, self.encoder, self.n, support)
 
     def reset_noise(self) -> None:
         """New noise in every noisy layer (none without `noisy`)."""

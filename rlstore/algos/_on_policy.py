@@ -139,7 +139,7 @@ def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: Training
 
     # The same steps with fewer calls, for small envs stepped in this process (rlstore/lean.py)
     if not sign_rewards and lives is None and LeanRollout.supports(envs, storage, act_on_host):
-        lean = LeanRollout(envs, storage, act_on_host, run, obs_norm, reward_scale)
+        lean = LeanRollout(envs, storage, act_on_host, run, obs_norm, reward_scale, masks)
         lean.collect(general_step=step)
         return
     for _ in range(storage.num_steps):

@@ -26,6 +26,7 @@ from rlstore.algos._shared import linear_schedule, optimizer_params
 from rlstore.callbacks import Callback
 from rlstore.config import Count, Fraction, OnPolicyConfig, Positive
 from rlstore.host_updates import HostA2CStep
+from rlstore.machine import optimizer_step
 from rlstore.networks import ActorCritic, CnnActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch
@@ -89,7 +90,7 @@ def a2c_update(
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-        optimizer.step()
+        optimizer_step(optimizer)
     losses.pop("loss")
     return losses
 

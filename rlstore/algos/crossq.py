@@ -41,6 +41,7 @@ from rlstore.config import Count, Fraction, NonNegative, NonNegativeInt, Positiv
 from rlstore.continuous_networks import BoundedActions, squashed_gaussian_log_prob
 from rlstore.encoders import description_of_spec, encoder_for, encoder_from_description
 from rlstore.envs import make_training_envs
+from rlstore.machine import optimizer_step
 from rlstore.networks import policy_spec
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBuffer
@@ -265,7 +266,7 @@ def gradient_step(
     q_loss = 0.5 * sum(F.mse_loss(q[:, i], target) for i in range(q.shape[1]))
     optimizers["critic"].zero_grad(set_to_none=True)
     q_loss.backward()
-    optimizers["critic"].step()
+    optimizer_step(optimizers["critic"])
     logged = {"losses/qf_loss": q_loss.detach(), "losses/qf_values": q.detach().mean()}
     if number % cfg.policy_frequency == 0:
         agent.actor.train()  # its pass on the batch's observations updates its statistics
@@ -275,14 +276,14 @@ def gradient_step(
             a_loss = -(entropy.log_alpha * (log_prob.detach() + target_entropy)).mean()
             optimizers["alpha"].zero_grad(set_to_none=True)
             a_loss.backward()
-            optimizers["alpha"].step()
+            optimizer_step(optimizers["alpha"])
             logged["losses/alpha_loss"] = a_loss.detach()
         with frozen(agent.critic):
             q_pi = agent.q(agent.encoder(batch.obs), action_pi).min(-1).values
             loss = (alpha * log_prob - q_pi).mean()
         optimizers["actor"].zero_grad(set_to_none=True)
         loss.backward()
-        optimizers["actor"].step()
+        optimizer_step(optimizers["actor"])
         logged["losses/actor_loss"] = loss.detach()
     return logged
 

@@ -44,7 +44,7 @@ from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
 from rlstore.host_updates import HostDQNStep, host_td_loss
 from rlstore.lean import LeanDQNStep
-from rlstore.machine import resolve_device
+from rlstore.machine import optimizer_step, resolve_device
 from rlstore.masks import masks_of
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
 from rlstore.parts import first_part
@@ -250,7 +250,7 @@ def gradient_step(
         loss.backward()
         if cfg.max_grad_norm is not None:
             nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-        optimizer.step()
+        optimizer_step(optimizer)
     if cfg.prioritized:
         buffer.update_priorities(batch.indices, td_error)
     return loss, q_value
@@ -311,7 +311,7 @@ def train(
             encoder=encoder,
         ).to(device)
     greedy_actions = q_network.greedy_action
-    if cfg.use_fast_paths and masks is None and hasattr(q_network, "greedy_actor"):
+    if cfg.use_fast_paths and hasattr(q_network, "greedy_actor"):
         # the same argmax in numpy (rlstore/host_networks.py), where the network has it
         greedy_actions = q_network.greedy_actor() or greedy_actions
     target_network = copy.deepcopy(q_network)
@@ -338,8 +338,8 @@ def train(
         hindsight=hindsight,
     )
     # The same gradient step in numpy, for MLP Q-networks and replay in host memory
-    # (rlstore/host_updates.py); it takes no masks
-    fast = cfg.use_fast_paths and buffer.device.type == "cpu" and masks is None
+    # (rlstore/host_updates.py)
+    fast = cfg.use_fast_paths and buffer.device.type == "cpu"
     host_loss = host_td_loss if variant is None else variant.host_loss and variant.host_loss(cfg)
     fast = fast and host_loss is not None and HostDQNStep.supports(q_network, optimizer)
     fast_step = HostDQNStep(q_network, target_network, optimizer, host_loss) if fast else None
@@ -377,8 +377,8 @@ def train(
 
     # The same step with one env, with fewer calls (rlstore/lean.py)
     one_env_step = (
-        LeanDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards)
-        if cfg.use_fast_paths and LeanDQNStep.supports(envs, buffer) and masks is None
+        LeanDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards, masks)
+        if cfg.use_fast_paths and LeanDQNStep.supports(envs, buffer)
         else None
     )
     with run.start(state):

@@ -27,6 +27,7 @@ from rlstore.callbacks import Callback
 from rlstore.config import Count, OnPolicyConfig, Positive
 from rlstore.errors import UsageError
 from rlstore.host_updates import HostPPOStep
+from rlstore.machine import optimizer_step
 from rlstore.networks import ActorCritic, CnnActorCritic
 from rlstore.run import Run, TrainResult
 from rlstore.storage import RolloutBatch, RolloutStorage
@@ -138,7 +139,7 @@ def ppo_update(
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
             nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-            optimizer.step()
+            optimizer_step(optimizer)
         if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
             break
     return losses

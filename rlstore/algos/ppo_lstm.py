@@ -28,6 +28,7 @@ from rlstore.config import Count
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
+from rlstore.machine import optimizer_step
 from rlstore.masks import masks_of
 from rlstore.networks import policy_spec
 from rlstore.normalize import RewardScaler
@@ -186,7 +187,7 @@ def update(
             optimizer.zero_grad(set_to_none=True)
             losses["loss"].backward()
             nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-            optimizer.step()
+            optimizer_step(optimizer)
         if cfg.target_kl is not None and losses["losses/approx_kl"] > cfg.target_kl:
             break
     return losses

@@ -47,6 +47,7 @@ from rlstore.encoders import (
 )
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
+from rlstore.machine import optimizer_step
 from rlstore.masks import masks_of
 from rlstore.networks import policy_spec
 from rlstore.parts import as_tensors
@@ -167,7 +168,7 @@ def pqn_update(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(optimizer_params(optimizer), cfg.max_grad_norm, foreach=True)
-            optimizer.step()
+            optimizer_step(optimizer)
     return loss, q_value
 
 

@@ -32,6 +32,7 @@ from rlstore.algos.c51 import bootstrap_discounts, next_actions
 from rlstore.callbacks import Callback
 from rlstore.config import Count, Fraction, NonNegativeInt, Positive
 from rlstore.encoders import encoder_for
+from rlstore.host_updates import allowed_argmax, no_bootstrap
 from rlstore.run import TrainResult
 from rlstore.storage.replay import ReplayBatch
 
@@ -103,8 +104,8 @@ def host_quantile_loss(
     rows = np.arange(B)
     next_quantiles = next_out.reshape(B, -1, n)
     chooser = next_quantiles if next_online is None else next_online.reshape(B, -1, n)
-    chosen = chooser.mean(-1).argmax(-1)
-    discounts = np.where(batch.terminated, np.float32(0.0), batch.discounts)
+    chosen = allowed_argmax(chooser.mean(-1), batch.next_action_masks)
+    discounts = np.where(no_bootstrap(batch), np.float32(0.0), batch.discounts)
     target = batch.rewards[:, None] + discounts[:, None] * next_quantiles[rows, chosen]
     quantiles = out.reshape(B, -1, n)[rows, batch.actions]
     taus = (np.arange(n, dtype=np.float32)[:, None] + np.float32(0.5)) / np.float32(n)

@@ -38,6 +38,7 @@ from rlstore.config import NonNegative, NonNegativeInt, Positive
 from rlstore.continuous_networks import SquashedGaussianActorCritic
 from rlstore.encoders import encoder_for
 from rlstore.envs import make_training_envs
+from rlstore.machine import optimizer_step
 from rlstore.networks import policy_spec
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -146,7 +147,7 @@ def gradient_step(
     q1_loss, q2_loss, q1, q2 = critic_loss(agent, target_critic, batch, entropy.alpha)
     optimizers.critic.zero_grad(set_to_none=True)
     (q1_loss + q2_loss).backward()
-    optimizers.critic.step()
+    optimizer_step(optimizers.critic)
     logged = {
         "losses/qf1_loss": q1_loss.detach(),
         "losses/qf2_loss": q2_loss.detach(),
@@ -160,7 +161,7 @@ def gradient_step(
                 loss = actor_loss(agent, batch.obs, entropy.alpha)
             optimizers.actor.zero_grad(set_to_none=True)
             loss.backward()
-            optimizers.actor.step()
+            optimizer_step(optimizers.actor)
             logged["losses/actor_loss"] = loss.detach()
             if optimizers.alpha is not None:
                 with torch.no_grad():
@@ -168,7 +169,7 @@ def gradient_step(
                 a_loss = alpha_loss(entropy.log_alpha, log_prob, target_entropy)
                 optimizers.alpha.zero_grad(set_to_none=True)
                 a_loss.backward()
-                optimizers.alpha.step()
+                optimizer_step(optimizers.alpha)
                 logged["losses/alpha_loss"] = a_loss.detach()
     update_target(target_critic, agent.critic, cfg.tau)
     return logged

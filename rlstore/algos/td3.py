@@ -38,6 +38,7 @@ from rlstore.config import NonNegative
 from rlstore.continuous_networks import DeterministicActorCritic
 from rlstore.encoders import encoder_for
 from rlstore.envs import make_training_envs
+from rlstore.machine import optimizer_step
 from rlstore.networks import policy_spec
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -118,7 +119,7 @@ def gradient_step(
     total = sum(losses)
     critic_optimizer.zero_grad(set_to_none=True)
     total.backward()
-    critic_optimizer.step()
+    optimizer_step(critic_optimizer)
     logged = {"losses/qf_loss": total.detach() / len(losses)}
     for i, (loss, qi) in enumerate(zip(losses, q, strict=True), start=1):
         logged |= {f"losses/qf{i}_loss": loss.detach(), f"losses/qf{i}_values": qi.mean()}
@@ -127,7 +128,7 @@ def gradient_step(
             loss = actor_loss(agent, batch.obs)
         actor_optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        actor_optimizer.step()
+        optimizer_step(actor_optimizer)
         update_target(target, agent, cfg.tau)
         logged["losses/actor_loss"] = loss.detach()
     return logged

@@ -44,6 +44,7 @@ from rlstore.continuous_networks import SquashedGaussianActorCritic, relu_mlp
 from rlstore.encoders import description_of_spec, encoder_for, encoder_from_description
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
+from rlstore.machine import optimizer_step
 from rlstore.networks import policy_spec
 from rlstore.run import Run, TrainingState, TrainResult
 from rlstore.storage.replay import ReplayBatch, ReplayBuffer
@@ -196,7 +197,7 @@ def gradient_step(
             a_loss = -(entropy.log_alpha * (log_prob.detach() + target_entropy)).mean()
             optimizers["alpha"].zero_grad(set_to_none=True)
             a_loss.backward()
-            optimizers["alpha"].step()
+            optimizer_step(optimizers["alpha"])
             logged["losses/alpha_loss"] = a_loss.detach()
     with torch.no_grad():
         next_action, next_log_prob = agent.act(batch.next_obs)
@@ -208,14 +209,14 @@ def gradient_step(
     q_loss = critic_loss(quantiles, target, cfg.use_fast_paths)
     optimizers["critic"].zero_grad(set_to_none=True)
     q_loss.backward()
-    optimizers["critic"].step()
+    optimizer_step(optimizers["critic"])
     logged |= {"losses/qf_loss": q_loss.detach(), "losses/qf_values": quantiles.detach().mean()}
     if actor_due:
         with frozen(agent.critic):
             loss = actor_loss(agent, batch.obs, action_pi, log_prob, alpha)
         optimizers["actor"].zero_grad(set_to_none=True)
         loss.backward()
-        optimizers["actor"].step()
+        optimizer_step(optimizers["actor"])
         logged["losses/actor_loss"] = loss.detach()
     update_target(target_critic, agent.critic, cfg.tau)
     return logged

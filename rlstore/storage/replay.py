@@ -309,13 +309,30 @@ class ReplayBuffer:
         ring.streamed(next_obs, env_reset)
 
     def add_one(
-        self, action: int, reward: float, next_obs: np.ndarray, terminated: bool, truncated: bool
+        self,
+        action: int,
+        reward: float,
+        next_obs: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+        next_action_mask: np.ndarray | None = None,
     ) -> None:
         """add() for a one-env buffer of flat observations in host memory with uniform
         sampling, whose stream goes on (its obs is the previous add's next_obs, which the
         caller knows, and no end_episodes since): the same state as add(), from Python
-        scalars, without add's checks and batched bookkeeping (LeanDQNStep's fast path)."""
-        self.store.view[self.ring.following] = next_obs
+        scalars, without add's checks and batched bookkeeping (LeanDQNStep's fast path).
+        A buffer with action masks takes next_obs's (obs's is stored with it already)."""
+        following = self.ring.following
+        if (next_action_mask is None) != (self.action_mask_shape is None):
+            raise ValueError(
+                "next_action_mask must be given exactly when the buffer was made with "
+                "action_mask_shape"
+            )
+        if next_action_mask is None:
+            self.store.view[following] = next_obs
+        else:
+            obs_view, mask_view = self.store.view
+            obs_view[following], mask_view[following] = next_obs, next_action_mask
         self.ring.write_one(action, reward, terminated, truncated)
 
     def end_episodes(self, envs: Array | None = None) -> None:
