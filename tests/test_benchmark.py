@@ -408,7 +408,7 @@ def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
     the run, which ends bitwise equal to a run never interrupted."""
     suite = tmp_path / "one.toml"
     suite.write_text(
-        'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 150_000\n'
+        'seeds = [1]\n[[row]]\nalgo = "ppo"\nenv = "CartPole-v1"\nsteps = 40_000\n'
         "overrides = { checkpoint_every = 2048 }\n"
     )
     out = tmp_path / "out"
@@ -444,7 +444,7 @@ def test_an_interrupted_suite_continues_as_the_same_runs(tmp_path):
                 "train",
                 "ppo",
                 "--total-timesteps",
-                "150000",
+                "40000",
                 "--logdir",
                 str(reference),
                 "--no-progress",
