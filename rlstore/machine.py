@@ -191,13 +191,13 @@ def optimizer_step(optimizer: torch.optim.Optimizer) -> None:
                 break
             wrapper = getattr(wrapper, "__wrapped__", None)
     plain = _PLAIN_STEPS[kind]
-    hooked = (
+    if plain is None or (
         optimizer._optimizer_step_pre_hooks
         or optimizer._optimizer_step_post_hooks
         or torch_optimizer._global_optimizer_pre_hooks
         or torch_optimizer._global_optimizer_post_hooks
-    )
-    if plain is None or hooked or optimizer.defaults.get("differentiable", False):
+        or optimizer.defaults.get("differentiable", False)
+    ):
         optimizer.step()
         return
     with torch.no_grad():
