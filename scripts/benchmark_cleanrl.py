@@ -114,7 +114,7 @@ def main() -> None:
                 f"x{ours / theirs:.2f}",
                 flush=True,
             )
-    shown = " ".join(a for a in sys.argv[1:])
+    shown = " ".join(sys.argv[1:])
     lines = [
         "# rlstore against CleanRL's scripts on CartPole-v1, at CleanRL's defaults",
         "",
