@@ -1,9 +1,11 @@
-"""Lean loops: the steps of the collect loops that step a LeanSyncVectorEnv
-(rlstore/lean_envs.py) themselves (LeanRollout for PPO's and A2C's rollouts, LeanDQNStep
-for DQN with one env). Each leaves the env, the storage, the episode statistics, the run
-and numpy's RNG bit for bit as the general calls it stands for (tests/test_fast.py), and
-changes the storage and the run only through their public methods;
-docs/maintainers/fast-paths.md says what each buys."""
+"""Lean loops: the collect pipeline's fast forms (rlstore/collect.py), which step a
+LeanSyncVectorEnv's envs (rlstore/lean_envs.py) themselves: LeanRollout for a
+RolloutCollector acting in numpy (PPO's and A2C's rollouts), LeanDQNStep for a
+ReplayCollector's epsilon-greedy step with one env (DQN). Each applies its collector's
+transforms and leaves the env, the storage, the episode statistics, the run and numpy's
+RNG bit for bit as the collector's general step would (tests/test_fast.py), and changes
+the storage and the run only through their public methods; docs/maintainers/fast-paths.md
+says what each buys."""
 
 from __future__ import annotations
 
@@ -21,32 +23,23 @@ from rlstore.masks import ActionMasks
 class LeanDQNStep:
     """One step of DQN's loop with one env: act epsilon-greedily, step the env, read its
     action mask (where it gives them), write the transition into the replay buffer, count
-    the episode. It stands for algos/dqn.py's epsilon_greedy -> envs.step -> buffer.add ->
-    run.record_step and leaves the vector env, the masks, the buffer, the episode
-    statistics, the run and numpy's RNG as those calls would (bit for bit), with scalar
-    writes where they go through their general, batched checks and bookkeeping: with one
-    env, that bookkeeping is most of a step's cost.
+    the episode. It stands for algos/dqn.py's epsilon_greedy -> ReplayCollector.step and
+    leaves the vector env, the masks, the buffer, the episode statistics, the run and
+    numpy's RNG as those calls would (bit for bit), with scalar writes where they go
+    through their general, batched checks and bookkeeping: with one env, that bookkeeping
+    is most of a step's cost.
 
-    For a LeanSyncVectorEnv of one env (under an ActionMasks, with `masks`) and a
-    ReplayBuffer in host memory with flat observations and uniform sampling. Returns the
-    env's next observations (a new array, as envs.step returns). When the last step was
-    not its own (the first one, or after a checkpoint was loaded), it takes the loop's
-    general step instead.
+    For a ReplayCollector (`collector`) of a LeanSyncVectorEnv of one env (under an
+    ActionMasks, where the env gives masks) and a ReplayBuffer in host memory with flat
+    observations and uniform sampling. Returns the env's next observations (a new array,
+    as envs.step returns). When the last step was not its own (the first one, or after a
+    checkpoint was loaded), it takes the loop's general step instead.
     """
 
-    def __init__(
-        self,
-        envs: gym.vector.VectorEnv,
-        buffer: Any,
-        run: Any,
-        greedy_actions,
-        num_actions: int,
-        sign_rewards: bool,
-        masks: ActionMasks | None = None,
-    ) -> None:
-        self.envs, self.buffer, self.run = lean_env_of(envs), buffer, run
+    def __init__(self, collector: Any, greedy_actions: Any, num_actions: int) -> None:
+        self.collector, self.envs = collector, lean_env_of(collector.envs)
+        self.buffer, self.run, self.masks = collector.buffer, collector.run, collector.masks
         self.greedy_actions, self.num_actions = greedy_actions, num_actions
-        self.sign_rewards, self.masks = sign_rewards, masks
         # After its own last step: what it returned, the buffer's add count, and whether
         # that step ended an episode (envs.autoreset, buffer.last_done and stats.prev_done,
         # which all hold it).
@@ -105,7 +98,7 @@ class LeanDQNStep:
         next_obs = envs.observations.copy()
         next_mask = None if masks is None else masks.read_envs([env], [info], [done])
         # ReplayBuffer.add and Run.record_step, through their one-env doors
-        learnt = np.sign(reward) if self.sign_rewards else reward
+        learnt = self.collector.learnt_rewards(reward, terminated, truncated)
         buffer.add_one(action, learnt, next_obs, terminated, truncated, next_mask)
         self._added = buffer.added
         run.count_steps(1)
@@ -122,10 +115,10 @@ def lean_env_of(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
 
 
 class LeanRollout:
-    """The steps of PPO's and A2C's collect loop (algos/_on_policy.py's collect_rollout) for a
-    LeanSyncVectorEnv, a RolloutStorage in host memory and an ActorCritic acting in numpy:
-    act, step each env, write the storage's rows, count the episodes. It stands for
-    act_on_host -> envs.step -> storage.insert -> run.record_step and leaves the vector
+    """The steps of a RolloutCollector (PPO's and A2C's rollouts) for a LeanSyncVectorEnv,
+    a RolloutStorage in host memory and an ActorCritic acting in numpy: act, step each env,
+    write the storage's rows, count the episodes. It stands for act_on_host ->
+    RolloutCollector.step and leaves the vector
     env, the storage, the episode statistics, the run and numpy's RNG as those calls would
     (bit for bit), stepping each env itself and keeping the episode statistics as Python
     numbers; at the end it hands the rollout to the storage (insert_steps), the last step
@@ -133,27 +126,17 @@ class LeanRollout:
     methods. For a few small envs, the general calls' checks and batched bookkeeping cost a
     third of the step.
 
-    With an observation normalizer and a reward scaler (`obs_norm`, `reward_scale`), each
-    step's observations and rewards go through them as the loop sends them; under action
-    masks (`masks`, the run's ActionMasks) it acts among the allowed actions and stores the
-    masks; without rewards learnt by sign or lives (the caller checks those). The env, the
-    storage and the
-    statistics each keep whether the last step ended an episode; when they disagree (a
-    resume that had to reset the envs, for one), the loop's general step goes first.
+    The collector's transforms apply as its general step applies them: each step's
+    observations go through its normalizer and its rewards through learnt_rewards (scaled,
+    signed); under action masks it acts among the allowed actions and stores the masks. The
+    env, the storage and the statistics each keep whether the last step ended an episode;
+    when they disagree (a resume that had to reset the envs, for one), the loop's general
+    step goes first.
     """
 
-    def __init__(
-        self,
-        envs: gym.vector.VectorEnv,
-        storage: Any,
-        act: HostActorCritic,
-        run: Any,
-        obs_norm: Any = None,
-        reward_scale: Any = None,
-        masks: ActionMasks | None = None,
-    ) -> None:
-        self.envs, self.storage, self.act, self.run = lean_env_of(envs), storage, act, run
-        self.obs_norm, self.reward_scale, self.masks = obs_norm, reward_scale, masks
+    def __init__(self, collector: Any, act: HostActorCritic) -> None:
+        self.collector, self.envs, self.act = collector, lean_env_of(collector.envs), act
+        self.storage, self.run, self.masks = collector.storage, collector.run, collector.masks
 
     @staticmethod
     def supports(envs: gym.vector.VectorEnv, storage: Any, act: Any) -> bool:
@@ -178,7 +161,8 @@ class LeanRollout:
     def collect(self, general_step: Callable[[], None]) -> None:
         """The rest of the rollout; `general_step()` is the loop's own step."""
         storage, envs, run, act = self.storage, self.envs, self.run, self.act
-        obs_norm, reward_scale, masks = self.obs_norm, self.reward_scale, self.masks
+        collector, masks = self.collector, self.masks
+        obs_norm, changes_rewards = collector.obs_norm, collector.changes_rewards
         while storage.step < storage.num_steps and not self._in_lockstep():
             general_step()
         start, T, N = storage.step, storage.num_steps, storage.num_envs
@@ -228,11 +212,11 @@ class LeanRollout:
                 allowed.append(masks.read_envs(env_list, infos, done))
             if obs_norm is not None:
                 obs[j + 1] = obs_norm(raw, update=True)
-            if reward_scale is None:
-                rewards.append(step_rewards)
-            else:
+            if changes_rewards:
                 flags = np.array(step_terminated), np.array(step_truncated)
-                rewards.append(reward_scale(np.array(step_rewards), *flags))
+                rewards.append(collector.learnt_rewards(np.array(step_rewards), *flags))
+            else:
+                rewards.append(step_rewards)
             terminations.append(step_terminated)
             truncations.append(step_truncated)
             run.count_steps(N)

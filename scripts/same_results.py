@@ -4,12 +4,12 @@
 
 Runs the same short PPO, A2C and DQN runs (defaults, native, sync and async envs, DQN with
 every option), PPO and DQN for 100k steps (where a change of rounding shows), recurrent
-PPO, PPO and DQN under Taxi's action masks, DQN on FrozenLake's Discrete observations, on
-Atari's frame stacks (with rlstore[atari]) and with hindsight replay on bit flipping, and
-SAC, TD3, DDPG, TQC and CrossQ on Pendulum, with the code of COMMIT, checked out into a
-temporary git worktree, and with the code of this working tree, each in its own process
-with one torch thread, then compares every run's episode returns and final parameters bit
-for bit. Exits 1 on any difference.
+PPO, PPO, DQN and C51 under Taxi's action masks, PQN, PPO with rewards learnt by their
+sign, DQN on FrozenLake's Discrete observations, on Atari's frame stacks (with
+rlstore[atari]) and with hindsight replay on bit flipping, and SAC, TD3, DDPG, TQC and
+CrossQ on Pendulum, with the code of COMMIT, checked out into a temporary git worktree,
+and with the code of this working tree, each in its own process with one torch thread,
+then compares every run's episode returns and final parameters bit for bit. Exits 1 on any difference. `--only NAME...`: those runs only.
 """
 
 from __future__ import annotations
@@ -161,11 +161,31 @@ RUNS = {
         "--learning-starts",
         "500",
     ],
+    # the collect pipeline's other users: PQN's rollouts, C51 under masks, rewards by sign
+    "pqn": ["pqn", "--total-timesteps", "8192"],
+    "c51-masked-taxi": [
+        "c51",
+        "--env",
+        "Taxi-v4",
+        "--total-timesteps",
+        "4000",
+        "--learning-starts",
+        "500",
+    ],
+    "ppo-sign-rewards": [
+        "ppo",
+        "--env",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "4096",
+        "--sign-rewards",
+    ],
 }
 
 
-def child(root: str) -> None:
-    """Train every run with the rlstore found at `root`; print one JSON line of digests."""
+def child(root: str, names: list[str]) -> None:
+    """Train the runs `names` with the rlstore found at `root`; print one JSON line of
+    digests."""
     sys.path.insert(0, root)
     import importlib
     import importlib.util
@@ -177,7 +197,8 @@ def child(root: str) -> None:
 
     out = {}
     with tempfile.TemporaryDirectory() as logdir:
-        for name, args in RUNS.items():
+        for name in names:
+            args = RUNS[name]
             if "NoFrameskip" in " ".join(args) and importlib.util.find_spec("ale_py") is None:
                 out[name] = "skipped: needs ale-py (pip install -e '.[atari]')"
                 continue
@@ -195,9 +216,9 @@ def child(root: str) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def digests(root: Path) -> dict:
+def digests(root: Path, names: list[str]) -> dict:
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", str(root)],
+        [sys.executable, __file__, "--child", str(root), *names],
         capture_output=True,
         text=True,
         cwd=root,
@@ -210,11 +231,13 @@ def digests(root: Path) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        child(sys.argv[2])
+        child(sys.argv[2], sys.argv[3:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("commit", help="the commit to compare the working tree with")
+    parser.add_argument("--only", nargs="+", choices=sorted(RUNS), help="these runs only")
     args = parser.parse_args()
+    names = args.only or list(RUNS)
     with tempfile.TemporaryDirectory() as tmp:
         worktree = Path(tmp) / "before"
         subprocess.run(
@@ -223,15 +246,15 @@ def main() -> None:
             capture_output=True,
         )
         try:
-            before = digests(worktree)
+            before = digests(worktree, names)
         finally:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
                 check=True,
             )
-    after = digests(ROOT)
+    after = digests(ROOT, names)
     same = True
-    for name in RUNS:
+    for name in names:
         equal = before[name] == after[name]
         same &= equal
         if isinstance(after[name], str) or isinstance(before[name], str):

@@ -614,15 +614,16 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
         ("CartPole-v1", True),
         ("Taxi-v4", False),  # under its action masks, from info["action_mask"]
         ("tests.space_envs:MethodMaskedBox-v0", False),  # masks from action_masks()
+        ("Pendulum-v1", "sign"),  # rewards in (-16.3, 0] learnt by their sign
     ],
 )
 def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, env_id, normalize):
     """Rollouts collected through LeanRollout leave the storage (its action masks too), the
     vector env, the episode statistics, the normalizers, the run and numpy's RNG bit for
     bit as the loop's own calls leave them, with episodes ended by termination and by the
-    time limit; when the
-    env, the storage and the statistics disagree on the last step (a checkpoint loaded into
-    one of them), the loop's own step goes first, once."""
+    time limit, and rewards normalized or learnt by sign; when the env, the storage and the
+    statistics disagree on the last step (a checkpoint loaded into one of them), the loop's
+    own step goes first, once."""
     from rlstore import algos
     from rlstore.algos._on_policy import build_actor_critic, collect_rollout
     from rlstore.masks import masks_of
@@ -638,8 +639,9 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
             max_episode_steps=13,
             num_steps=32,
             seed=3,
-            norm_obs=normalize,
-            norm_reward=normalize,
+            norm_obs=normalize is True,
+            norm_reward=normalize is True,
+            sign_rewards=normalize == "sign",
         )
         cfg = resolve("ppo", env_id, overrides)[0]
         run = Run(cfg, "ppo")
@@ -716,6 +718,10 @@ def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, e
             assert same and type(a) is type(b) and getattr(a, "dtype", 0) == getattr(b, "dtype", 0)
     assert lean[1] == plain[1]
     assert 13 in lean[1][1]  # truncations
+    if normalize == "sign":  # the storage learns the signs, the episodes count the env's own
+        rewards = torch.cat([rollout[4] for rollout in lean[0]])
+        assert set(rewards.unique().tolist()) <= {-1.0, 0.0} and -1.0 in rewards
+        assert all(ret != round(ret) for ret in lean[1][0])
     if env_id == "CartPole-v1":
         assert any(length < 13 for length in lean[1][1])  # terminations
     for a, b in zip(lean[2], plain[2], strict=True):

@@ -298,28 +298,39 @@ def test_read_envs_reads_and_checks_masks_as_a_vector_step_does():
 
 
 @pytest.mark.parametrize(
-    "algo, env_id",
+    "algo, env_id, fast_paths",
     [
-        ("ppo", "MaskedPair-v0"),
-        ("dqn", "MaskedPick-v0"),
-        ("ppo_lstm", "MaskedPair-v0"),
-        ("a2c", "MaskedPick-v0"),
-        ("c51", "MaskedPick-v0"),
-        ("qrdqn", "MaskedPick-v0"),
-        ("rainbow", "MaskedPick-v0"),
-        ("pqn", "MaskedPick-v0"),
+        ("ppo", "MaskedPair-v0", "auto"),
+        ("ppo", "MaskedPick-v0", "off"),  # the reference: torch acting, Gymnasium's envs
+        ("dqn", "MaskedPick-v0", "auto"),
+        ("dqn", "MaskedPick-v0", "off"),
+        ("ppo_lstm", "MaskedPair-v0", "auto"),
+        ("a2c", "MaskedPick-v0", "auto"),
+        ("c51", "MaskedPick-v0", "auto"),
+        ("qrdqn", "MaskedPick-v0", "auto"),
+        ("rainbow", "MaskedPick-v0", "auto"),
+        ("pqn", "MaskedPick-v0", "auto"),
     ],
 )
-def test_a_masked_run_resumes_bitwise_and_plays_under_masks(algo, env_id, tmp_path, monkeypatch):
+def test_a_masked_run_resumes_bitwise_and_plays_under_masks(
+    algo, env_id, fast_paths, tmp_path, monkeypatch
+):
     """The envs raise on a masked action: collection, exploration and evaluation never
-    take one; the masks are saved with the run (storage, env wrapper) and restored."""
+    take one, with the fast paths and without them; the masks are saved with the run
+    (storage, env wrapper) and restored."""
     from rlstore import env_snapshots
 
     monkeypatch.setattr(
         env_snapshots, "SAVEABLE_ENVS", env_snapshots.SAVEABLE_ENVS + ("MaskedPick", "MaskedPair")
     )
     module, cfg = SETUPS[algo]
-    cfg = replace(cfg, env_id=f"space_envs:{env_id}", logdir=str(tmp_path), max_episode_steps=None)
+    cfg = replace(
+        cfg,
+        env_id=f"space_envs:{env_id}",
+        logdir=str(tmp_path),
+        max_episode_steps=None,
+        fast_paths=fast_paths,
+    )
     full = resumes_bitwise(module, cfg)
     policy = rlstore.load_policy(full.run_dir)
     assert policy.mask_source == ("method" if env_id == "MaskedPair-v0" else "info")

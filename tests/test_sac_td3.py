@@ -847,11 +847,11 @@ class Counter(gym.Env):
 
 
 def test_the_off_policy_store_step_keeps_time_limits_apart_from_terminations():
-    """step_and_store (SAC, TD3, DDPG) on two envs with a time limit of 4: env 0 terminates
+    """ReplayCollector.step (SAC, TD3, DDPG) on two envs with a time limit of 4: env 0 terminates
     at its third step, env 1 is truncated at its fourth. The truncated transition is stored
     as not terminated with the true final observation (so its target bootstraps, discount
     gamma), the terminated one as terminated, and no pseudo-step (final -> reset obs)."""
-    from rlstore.algos._off_policy import step_and_store
+    from rlstore.collect import ReplayCollector
 
     envs = gym.vector.SyncVectorEnv(
         [
@@ -869,10 +869,11 @@ def test_the_off_policy_store_step_keeps_time_limits_apart_from_terminations():
         gamma=0.9,
         seed=0,
     )
-    run = SimpleNamespace(record_step=lambda *args: None)
+    run = SimpleNamespace(record_step=lambda *args: None, cfg=SimpleNamespace(sign_rewards=False))
+    collector = ReplayCollector(envs, run, buffer)
     obs, _ = envs.reset(seed=0)
     for _ in range(14):
-        obs = step_and_store(envs, buffer, run, obs, np.zeros((2, 1), np.float32))
+        obs = collector.step(obs, np.zeros((2, 1), np.float32))
     batch = buffer.sample_host(400)
     env, t, next_t = batch.obs[:, 0], batch.obs[:, 1], batch.next_obs[:, 1]
     np.testing.assert_array_equal(next_t, t + 1)  # no pseudo-step stored

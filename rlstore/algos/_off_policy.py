@@ -1,7 +1,8 @@
 """What SAC, TD3, DDPG, TQC and CrossQ share: the config of an off-policy actor-critic for
 continuous actions (and of a deterministic one, TD3's and DDPG's), its replay buffer, the
-env check, the actions before learning starts, one vector step into the buffer, the
-schedule of gradient steps, and the loop that runs them (collect_and_train)."""
+env check, the actions before learning starts, the schedule of gradient steps, and the
+loop that runs them (collect_and_train), which steps the envs through the collect
+pipeline's ReplayCollector."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import tyro
 from torch import nn
 
 from rlstore.algos._shared import ReplayConfig, check_replay_fits, make_hindsight
+from rlstore.collect import ReplayCollector
 from rlstore.config import (
     Bound,
     Count,
@@ -173,22 +175,6 @@ def explore(
         return agent.act(as_tensors(obs, run.device))[0].cpu().numpy()
 
 
-def step_and_store(
-    envs: gym.vector.VectorEnv,
-    buffer: ReplayBuffer,
-    run: Run,
-    obs: np.ndarray,
-    action: np.ndarray,
-) -> np.ndarray:
-    """Step every env with `action`, store the transitions (the buffer keeps the true final
-    observation a truncation bootstraps from, and skips the autoreset pseudo-steps), count
-    the episodes; the next observations."""
-    next_obs, reward, terminated, truncated, info = envs.step(action)
-    buffer.add(obs, action, reward, next_obs, terminated, truncated)
-    run.record_step(reward, terminated, truncated, info)
-    return next_obs
-
-
 def anneal_learning_rates(
     optimizers: list[torch.optim.Optimizer], base_rates: list[float], fraction_left: float
 ) -> None:
@@ -212,17 +198,18 @@ def collect_and_train(
     learning rates annealed (--anneal-lr) -> the gradient steps due, `gradient_step(number)`
     each, which returns what it logs -> log the last ones' scalars, with `scalars()`."""
     buffer = state.parts["buffer"]
+    collector = ReplayCollector(state.envs, run, buffer)
     annealed = [part for name, part in state.parts.items() if name.endswith("_optimizer")]
     base_rates = [o.param_groups[0]["lr"] for o in annealed]  # (before a resume restores them)
     with run.start(state):
-        _loop(run, state, buffer, cfg, gradient_step, annealed, base_rates, scalars)
+        _loop(run, state, collector, cfg, gradient_step, annealed, base_rates, scalars)
         return run.finish()
 
 
 def _loop(
     run: Run,
     state: TrainingState,
-    buffer: ReplayBuffer,
+    collector: ReplayCollector,
     cfg: ContinuousOffPolicyConfig,
     gradient_step: Callable[[int], dict[str, torch.Tensor]],
     annealed: list[torch.optim.Optimizer],
@@ -234,13 +221,13 @@ def _loop(
         # -- act and store: state.obs is where the envs are ---------------------------------
         action = explore(state.policy, state.obs, run, cfg, state.envs.single_action_space)
         before = run.global_step
-        state.obs = step_and_store(state.envs, buffer, run, state.obs, action)
+        state.obs = collector.step(state.obs, action)
 
         # -- train -------------------------------------------------------------------------
         if cfg.anneal_lr:
             anneal_learning_rates(annealed, base_rates, 1 - run.global_step / cfg.total_timesteps)
         for number in gradient_steps(cfg, before, run.global_step):
-            if buffer.ready(cfg.batch_size):
+            if collector.buffer.ready(cfg.batch_size):
                 logged |= gradient_step(number)
 
         # -- log ---------------------------------------------------------------------------

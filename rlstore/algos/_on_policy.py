@@ -9,11 +9,11 @@ from gymnasium import spaces
 
 from rlstore.algos import Algorithm
 from rlstore.algos._shared import image_options
+from rlstore.collect import RolloutCollector, env_actions
 from rlstore.config import OnPolicyConfig
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
 from rlstore.errors import UsageError
-from rlstore.lean import LeanRollout
 from rlstore.masks import masks_of
 from rlstore.networks import ActorCritic, actor_critic_for, policy_spec
 from rlstore.normalize import ObsNormalizer, RewardScaler
@@ -87,63 +87,35 @@ def build_actor_critic(
 
 
 def collect_rollout(agent: ActorCritic, storage: RolloutStorage, state: TrainingState, run: Run):
-    """Fill the storage with one rollout, acting with the current policy. With
-    normalization on, the storage gets normalized observations and scaled rewards, and the
-    run's episode statistics the env's own rewards. Atari: rewards are learnt by their sign
-    (cfg.sign_rewards) and a lost life cuts the bootstrap (docs/reference/episode-boundaries.md)."""
-    envs, obs_norm = state.envs, state.obs_normalizer
-    reward_scale = state.parts.get("reward_scaler")
-    sign_rewards = run.cfg.sign_rewards
-    space = envs.single_action_space
+    """Fill the storage with one rollout, acting with the current policy, through the
+    collect pipeline (rlstore/collect.py: normalized observations and scaled or signed
+    rewards stored, the env's own rewards counted, Atari's lost lives cutting the
+    bootstrap: docs/reference/episode-boundaries.md)."""
+    envs, space = state.envs, state.envs.single_action_space
+    collector = RolloutCollector(
+        envs, run, storage, state.obs_normalizer, state.parts.get("reward_scaler")
+    )
     act_on_host = agent.act_on_host  # numpy, for MLPs in host memory (None: torch)
-    lives = envs if hasattr(envs, "life_lost") else None  # Atari
-    masks = masks_of(envs)  # (None: the env gives none)
 
     def step() -> None:
         host_obs = storage.current_obs_on_host
         acted = (
-            act_on_host(host_obs, None if masks is None else masks.masks)
+            act_on_host(host_obs, collector.action_mask)
             if act_on_host and host_obs is not None
             else None
         )
         if acted is not None:
             action, log_prob, value = acted
-            env_action = action
+            sent = action
         else:
             with torch.inference_mode():
                 action, log_prob, value = agent.act(
                     storage.current_obs, storage.current_action_mask
                 )
-            env_action = action.cpu().numpy()  # the env boundary: the one device -> host copy
-        if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
-            env_action = np.clip(env_action, space.low, space.high)
-        elif agent.head is not None:  # MultiDiscrete's start, MultiBinary's shape
-            env_action = agent.head.env_action(env_action)
-        next_obs, reward, terminated, truncated, info = envs.step(env_action)
-        stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
-        stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
-        if sign_rewards:
-            stored_reward = np.sign(stored_reward)
-        storage.insert(
-            stored_obs,
-            action,
-            log_prob,
-            value,
-            stored_reward,
-            terminated,
-            truncated,
-            None if lives is None else lives.life_lost,
-            action_mask=None if masks is None else masks.masks,
-        )
-        run.record_step(reward, terminated, truncated, info)
+            sent = action.cpu().numpy()  # the env boundary: the one device -> host copy
+        collector.step(env_actions(sent, space, agent.head), action, log_prob, value)
 
-    # The same steps with fewer calls, for small envs stepped in this process (rlstore/lean.py)
-    if not sign_rewards and lives is None and LeanRollout.supports(envs, storage, act_on_host):
-        lean = LeanRollout(envs, storage, act_on_host, run, obs_norm, reward_scale, masks)
-        lean.collect(general_step=step)
-        return
-    for _ in range(storage.num_steps):
-        step()
+    collector.collect(step, act_on_host)
 
 
 def log_update(run: Run, storage: RolloutStorage, losses: dict, lr: float) -> None:

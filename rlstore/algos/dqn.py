@@ -38,12 +38,12 @@ from rlstore.algos._shared import (
     update_target,
 )
 from rlstore.callbacks import Callback
+from rlstore.collect import ReplayCollector
 from rlstore.config import Bound, Count, Fraction, NonNegativeInt, Positive, check_widths
 from rlstore.encoders import encoder_for, stored_dtype, stored_shape
 from rlstore.envs import is_frame_stack, make_training_envs
 from rlstore.errors import UsageError
 from rlstore.host_updates import HostDQNStep, host_td_loss
-from rlstore.lean import LeanDQNStep
 from rlstore.machine import optimizer_step, resolve_device
 from rlstore.masks import masks_of
 from rlstore.networks import CnnQNetwork, QNetwork, policy_spec
@@ -352,34 +352,18 @@ def train(
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
     last_update: tuple[torch.Tensor, torch.Tensor] | None = None  # (loss, Q(s, a)), for logging
 
-    lives = envs if hasattr(envs, "life_lost") else None  # Atari
+    collector = ReplayCollector(envs, run, buffer)
 
     def act_and_store(epsilon: float) -> np.ndarray:
-        """Act epsilon-greedily in every env, store the transitions, count the episodes;
-        the next observations."""
-        mask = None if masks is None else masks.masks
+        """Act epsilon-greedily in every env, step them and store the transitions through
+        the collect pipeline; the next observations."""
+        mask = collector.action_mask
         action = epsilon_greedy(greedy_actions, state.obs, epsilon, num_actions, mask)
-        next_obs, reward, terminated, truncated, info = envs.step(action)
-        learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
-        both = {} if masks is None else {"action_mask": mask, "next_action_mask": masks.masks}
-        buffer.add(
-            state.obs,
-            action,
-            learnt_reward,
-            next_obs,
-            terminated,
-            truncated,
-            None if lives is None else lives.life_lost,
-            **both,
-        )
-        run.record_step(reward, terminated, truncated, info)
-        return next_obs
+        return collector.step(state.obs, action)
 
     # The same step with one env, with fewer calls (rlstore/lean.py)
     one_env_step = (
-        LeanDQNStep(envs, buffer, run, greedy_actions, num_actions, cfg.sign_rewards, masks)
-        if cfg.use_fast_paths and LeanDQNStep.supports(envs, buffer)
-        else None
+        collector.one_env_step(greedy_actions, num_actions) if cfg.use_fast_paths else None
     )
     with run.start(state):
         for _ in run.iterations():

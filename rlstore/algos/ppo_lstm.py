@@ -24,6 +24,7 @@ from rlstore.algos._on_policy import log_update, obs_normalizer_for
 from rlstore.algos._shared import image_options, linear_schedule, optimizer_params
 from rlstore.algos.ppo import PPOConfig, iteration_config, ppo_loss
 from rlstore.callbacks import Callback
+from rlstore.collect import RolloutCollector, env_actions
 from rlstore.config import Count
 from rlstore.encoders import stored_dtype, stored_shape
 from rlstore.envs import make_training_envs
@@ -98,44 +99,25 @@ def collect(
     state: TrainingState,
     run: Run,
 ) -> None:
-    """Fill the storage with one rollout, carrying the LSTM state from step to step.
-    Atari: rewards are learnt by their sign (cfg.sign_rewards) and a lost life cuts the
-    bootstrap; the state carries on through it, as the game does."""
-    envs, obs_norm = state.envs, state.obs_normalizer
-    reward_scale, memory = state.parts.get("reward_scaler"), state.parts["recurrent_state"]
-    space, sign_rewards = envs.single_action_space, run.cfg.sign_rewards
-    lives = envs if hasattr(envs, "life_lost") else None  # Atari
-    masks = masks_of(envs)  # (None: the env gives none)
-    for _ in range(storage.num_steps):
+    """Fill the storage with one rollout through the collect pipeline (rlstore/collect.py),
+    carrying the LSTM state from step to step. Atari: a lost life cuts the bootstrap; the
+    state carries on through it, as the game does."""
+    envs, memory = state.envs, state.parts["recurrent_state"]
+    space = envs.single_action_space
+    collector = RolloutCollector(
+        envs, run, storage, state.obs_normalizer, state.parts.get("reward_scaler")
+    )
+
+    def step() -> None:
         acting = zero_at_starts(memory.state, storage.current_episode_starts)
         with torch.inference_mode():
             action, log_prob, value, memory.state = agent.act(
                 storage.current_obs, acting, storage.current_action_mask
             )
-        env_action = action.cpu().numpy()  # the env boundary
-        if isinstance(space, spaces.Box):  # store the raw sample, send the clipped one
-            env_action = np.clip(env_action, space.low, space.high)
-        elif agent.head is not None:  # MultiDiscrete's start, MultiBinary's shape
-            env_action = agent.head.env_action(env_action)
-        next_obs, reward, terminated, truncated, info = envs.step(env_action)
-        stored_obs = obs_norm(next_obs, update=True) if obs_norm else next_obs
-        stored_reward = reward_scale(reward, terminated, truncated) if reward_scale else reward
-        if sign_rewards:
-            stored_reward = np.sign(stored_reward)
-        life_lost = None if lives is None else lives.life_lost
-        storage.insert(
-            stored_obs,
-            action,
-            log_prob,
-            value,
-            stored_reward,
-            terminated,
-            truncated,
-            life_lost,
-            recurrent_state=acting,
-            action_mask=None if masks is None else masks.masks,
-        )
-        run.record_step(reward, terminated, truncated, info)
+        sent = env_actions(action.cpu().numpy(), space, agent.head)  # the env boundary
+        collector.step(sent, action, log_prob, value, recurrent_state=acting)
+
+    collector.collect(step)
 
 
 def compute_returns(

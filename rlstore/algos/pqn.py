@@ -36,6 +36,7 @@ from rlstore.algos import Algorithm
 from rlstore.algos._shared import image_options, linear_schedule, optimizer_params
 from rlstore.algos.dqn import epsilon_greedy
 from rlstore.callbacks import Callback
+from rlstore.collect import RolloutCollector
 from rlstore.config import CommonConfig, Count, Fraction, Positive, Rollouts, check_widths
 from rlstore.encoders import (
     description_of_spec,
@@ -212,29 +213,17 @@ def train(
         envs, q_network, spec, on_fresh_envs=start, storage=storage, optimizer=optimizer
     )
     explore_steps = int(cfg.exploration_fraction * cfg.total_timesteps)
-    lives = envs if hasattr(envs, "life_lost") else None  # Atari
     no_log_prob = np.zeros(cfg.num_envs, dtype=np.float32)
+    collector = RolloutCollector(envs, run, storage)
 
-    def step(epsilon: float) -> None:
+    def step() -> None:
         """One vector step: act epsilon-greedily, store it with max Q of the obs acted at."""
+        epsilon = linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step)
         value, greedy = max_q(q_network, storage.current_obs, storage.current_action_mask)
         greedy = greedy.cpu().numpy()  # the env boundary
-        mask = None if masks is None else masks.masks
+        mask = collector.action_mask
         action = epsilon_greedy(lambda *_: greedy, storage.current_obs, epsilon, num_actions, mask)
-        next_obs, reward, terminated, truncated, info = envs.step(action)
-        learnt_reward = np.sign(reward) if cfg.sign_rewards else reward
-        storage.insert(
-            next_obs,
-            action,
-            no_log_prob,
-            value,
-            learnt_reward,
-            terminated,
-            truncated,
-            None if lives is None else lives.life_lost,
-            action_mask=None if masks is None else masks.masks,
-        )
-        run.record_step(reward, terminated, truncated, info)
+        collector.step(action, action, no_log_prob, value)
 
     with run.start(state):
         for iteration in run.iterations():
@@ -244,8 +233,7 @@ def train(
                 optimizer.param_groups[0]["lr"] = lr
 
             # -- collect, and the Q(lambda) returns -----------------------------------------
-            for _ in range(cfg.num_steps):
-                step(linear_schedule(cfg.start_e, cfg.end_e, explore_steps, run.global_step))
+            collector.collect(step)
             next_value = max_q(q_network, storage.current_obs, storage.current_action_mask)[0]
             storage.compute_returns(next_value, cfg.gamma, cfg.q_lambda)
 
