@@ -9,7 +9,8 @@ sign, DQN on FrozenLake's Discrete observations, on Atari's frame stacks (with
 rlstore[atari]) and with hindsight replay on bit flipping, and SAC, TD3, DDPG, TQC and
 CrossQ on Pendulum, with the code of COMMIT, checked out into a temporary git worktree,
 and with the code of this working tree, each in its own process with one torch thread,
-then compares every run's episode returns and final parameters bit for bit. Exits 1 on any difference. `--only NAME...`: those runs only.
+then compares every run's episode returns and final parameters bit for bit. Exits 1 on
+any difference. `--only NAME...`: those runs only.
 """
 
 from __future__ import annotations
