@@ -101,3 +101,20 @@ def test_env_actions_clip_boxes_and_reshape_heads():
     discrete = gym.spaces.Discrete(3)
     np.testing.assert_array_equal(env_actions(np.array([0, 2]), discrete, head), [10, 12])
     assert env_actions(actions := np.array([0, 2]), discrete) is actions
+
+
+def test_the_replay_collector_learns_signs_and_counts_the_envs_own_rewards():
+    """--sign-rewards under replay (SAC, TD3, DDPG, TQC and CrossQ take it too): the buffer
+    gets the signs, the run the env's own rewards, as the same env stepped by hand gives."""
+    added = []
+    buffer = SimpleNamespace(add=lambda *args, **kwargs: added.append(args))
+    run = recording_run(sign_rewards=True)
+    collector, by_hand = ReplayCollector(pendulums(2), run, buffer), pendulums(2)
+    obs = np.zeros((2, 3), np.float32)
+    for t in range(8):
+        action = np.full((2, 1), 0.5, np.float32)
+        obs = collector.step(obs, action)
+        reward = by_hand.step(action)[1]
+        np.testing.assert_array_equal(added[t][2], np.sign(reward))
+        np.testing.assert_array_equal(run.recorded[t][0], reward)
+    assert (np.array([args[2] for args in added]) == -1).any()
