@@ -103,7 +103,7 @@ def test_an_interrupted_sweep_continues(tmp_path):
     then continues the search (the finished runs are read back, not run again)."""
     spec = tmp_path / "spec.toml"
     spec.write_text(
-        SPEC.replace("steps = 4096", "steps = 40000").replace("trials = 3", "trials = 4")
+        SPEC.replace("steps = 4096", "steps = 16000").replace("trials = 3", "trials = 4")
     )
     out = tmp_path / "out"
     command = [sys.executable, "-m", "rlstore", "sweep", str(spec), "--out", str(out)]
