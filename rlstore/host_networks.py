@@ -192,11 +192,13 @@ class HostActorCritic:
         critic: SequentialRunner,
         log_std: torch.Tensor | None,
         encoder: Any = None,
+        head: Any = None,
     ) -> None:
         if any(act is not torch.tanh for act in actor.activations + critic.activations):
             raise ValueError("HostActorCritic runs Tanh MLPs (ActorCritic's)")
         self.actor, self.critic, self.log_std = HostViews(actor), HostViews(critic), log_std
         self.encoder = encoder  # parameter-free (rlstore/encoders.py); None: flattened floats
+        self.head = head  # MultiDiscrete's or MultiBinary's (rlstore/action_heads.py), or None
 
     def value(self, obs: np.ndarray) -> np.ndarray | None:
         """V(obs) in numpy (None when the parameters are not in host memory)."""
@@ -216,9 +218,13 @@ class HostActorCritic:
 
     def noise(self, steps: int, num_envs: int) -> np.ndarray:
         """The random draws of `steps` calls for `num_envs` observations each, as float32
-        (steps, num_envs, 1) uniforms for a categorical, (steps, num_envs, A) standard
-        normals for a Gaussian: drawn at once, they are the numbers that one draw per step
-        takes from numpy's global RNG, which leaves it in the same state."""
+        (steps, num_envs, 1) uniforms for a categorical, one per entry for a head's
+        categoricals or Bernoullis, (steps, num_envs, A) standard normals for a Gaussian:
+        drawn at once, they are the numbers that one draw per step takes from numpy's
+        global RNG, which leaves it in the same state."""
+        if self.head is not None:
+            width = len(getattr(self.head, "nvec", ())) or self.head.out_dim
+            return np.random.random((steps, num_envs, width)).astype(np.float32)
         if self.log_std is None:
             return np.random.random((steps, num_envs, 1)).astype(np.float32)
         shape = (steps, num_envs, self.log_std.shape[-1])
@@ -234,31 +240,55 @@ class HostActorCritic:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(action, log-prob, value) for `obs` with the views `actor` and `critic` (from
         self.actor() and self.critic()) and one step of `noise`; only the actions `masks`
-        allows, where given (Discrete actions)."""
+        allows, where given (Discrete and MultiDiscrete actions)."""
         x = host_features(obs, self.encoder)
         out = numpy_mlp(x, actor, tanh=True)
         if masks is not None:  # as masked_logits
             out = np.where(masks, out, np.float32(MASKED_LOGIT))
         value = numpy_mlp(x, critic, tanh=True)[:, 0]
-        if self.log_std is None:  # inverse CDF of the softmax, as sample_categorical
-            # (the ufuncs' own reduce/accumulate: the same sums as .max/.sum/.cumsum, with
-            # less dispatch per call)
-            shifted = out - np.maximum.reduce(out, axis=-1, keepdims=True)
-            log_probs = shifted - np.log(np.add.reduce(np.exp(shifted), axis=-1, keepdims=True))
-            cdf = np.add.accumulate(np.exp(log_probs), axis=-1)
-            # The count of cumulative probabilities below u, as the first one at or above
-            # it (the cdf never falls), and the last (allowed) action for u above a
-            # rounded-down total; a masked action is never the first at or above u
-            if masks is None:
-                cdf[:, -1] = np.inf
-            else:
-                cdf[~masks] = -np.inf
-                last = masks.shape[1] - 1 - masks[:, ::-1].argmax(-1)
-                cdf[_rows(len(cdf)), last] = np.inf
-            action = (cdf >= noise).argmax(-1)
-            log_prob = log_probs[_rows(len(action)), action]
-            return action, log_prob, value
-        log_std = self.log_std.detach().numpy()
-        action = out + np.exp(log_std) * noise
-        log_prob = (-0.5 * np.square(noise) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
+        head = self.head
+        if head is None and self.log_std is None:
+            return (*inverse_cdf_sample(out, noise, masks), value)
+        if head is None:
+            log_std = self.log_std.detach().numpy()
+            action = out + np.exp(log_std) * noise
+            log_prob = (-0.5 * np.square(noise) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
+            return action, log_prob.astype(np.float32), value
+        if hasattr(head, "nvec"):  # MultiCategoricalHead: one categorical per entry
+            bounds = np.cumsum(head.nvec)[:-1]
+            parts = np.split(out, bounds, axis=1)
+            part_masks = [None] * len(parts) if masks is None else np.split(masks, bounds, 1)
+            sampled = [
+                inverse_cdf_sample(part, noise[:, i : i + 1], part_mask)
+                for i, (part, part_mask) in enumerate(zip(parts, part_masks, strict=True))
+            ]
+            action = np.stack([a for a, _ in sampled], -1)
+            return action, np.add.reduce([lp for _, lp in sampled]), value
+        # BernoulliHead: a bit is 1 where its uniform is below its probability
+        action = (noise < 1 / (1 + np.exp(-out))).astype(np.int64)
+        log_one, log_zero = -np.logaddexp(0, -out), -np.logaddexp(0, out)
+        log_prob = np.where(action == 1, log_one, log_zero).sum(-1)
         return action, log_prob.astype(np.float32), value
+
+
+def inverse_cdf_sample(
+    out: np.ndarray, noise: np.ndarray, masks: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(action, log-prob) of one sample per row of a categorical of logits `out` (masked
+    ones at MASKED_LOGIT already) from uniforms `noise` (B, 1), as inverse_cdf samples: the
+    count of cumulative probabilities below u, taken as the first one at or above it (the
+    cdf never falls), and the last (allowed) action for u above a rounded-down total; a
+    masked action is never the first at or above u."""
+    # (the ufuncs' own reduce/accumulate: the same sums as .max/.sum/.cumsum, with less
+    # dispatch per call)
+    shifted = out - np.maximum.reduce(out, axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.add.reduce(np.exp(shifted), axis=-1, keepdims=True))
+    cdf = np.add.accumulate(np.exp(log_probs), axis=-1)
+    if masks is None:
+        cdf[:, -1] = np.inf
+    else:
+        cdf[~masks] = -np.inf
+        last = masks.shape[1] - 1 - masks[:, ::-1].argmax(-1)
+        cdf[_rows(len(cdf)), last] = np.inf
+    action = (cdf >= noise).argmax(-1)
+    return action, log_probs[_rows(len(action)), action]

@@ -114,6 +114,12 @@ def _tie_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(a > b, 1.0, np.where(a == b, 0.5, 0.0))
 
 
+def host_actor_critic(agent: nn.Module) -> bool:
+    """An ActorCritic acting in numpy (its MLPs in host memory) with no action head: the
+    actor-critics whose gradients _ActorCriticPass writes out."""
+    return getattr(agent, "act_on_host", None) is not None and agent.head is None
+
+
 class _ActorCriticStep:
     """What the numpy update steps of an ActorCritic hold: the agent, its optimizer, and
     numpy views of the actor's and critic's parameters."""
@@ -135,8 +141,10 @@ class HostPPOStep(_ActorCriticStep):
 
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-        """An ActorCritic in host memory and a plain Adam (adam_in_host_memory)."""
-        return getattr(agent, "act_on_host", None) is not None and adam_in_host_memory(optimizer)
+        """An ActorCritic in host memory with a Discrete or Box action space (no head: its
+        gradients are written for a categorical and a Gaussian) and a plain Adam
+        (adam_in_host_memory)."""
+        return host_actor_critic(agent) and adam_in_host_memory(optimizer)
 
     def __call__(self, batch: Any, cfg: Any, diagnostics: bool = True) -> dict[str, torch.Tensor]:
         obs, actions, advantages, masks = _minibatch(batch, cfg, self.agent.encoder)
@@ -194,8 +202,8 @@ class HostA2CStep(_ActorCriticStep):
 
     @staticmethod
     def supports(agent: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-        """An ActorCritic in host memory and a plain RMSprop (no momentum, not centered)."""
-        return getattr(agent, "act_on_host", None) is not None and plain_in_host_memory(
+        """As HostPPOStep's, with a plain RMSprop (no momentum, not centered)."""
+        return host_actor_critic(agent) and plain_in_host_memory(
             optimizer, torch.optim.RMSprop, "weight_decay", "momentum", "centered"
         )
 

@@ -173,7 +173,7 @@ class LeanRollout:
         obs = np.empty((T - start + 1, *first.shape), dtype=first.dtype)
         obs[0] = first
         raw = envs.observations.copy()  # the envs' own observations, when normalized
-        space, discrete = envs.single_action_space, envs._discrete
+        space, discrete, head = envs.single_action_space, envs._discrete, act.head
         box = isinstance(space, gym.spaces.Box)  # send the clipped sample, store the raw one
         stats = run.stats
         returns, lengths = stats.returns.tolist(), stats.lengths.tolist()
@@ -187,7 +187,13 @@ class LeanRollout:
             mask = None if masks is None else masks.masks  # the current observations'
             action, log_prob, value = act.sample(obs[j], actor, critic, noise[j], mask)
             acted.append((action, log_prob, value))
-            env_actions = np.clip(action, space.low, space.high) if box else action
+            env_actions = (
+                np.clip(action, space.low, space.high)
+                if box
+                else action
+                if head is None
+                else head.env_action(action)
+            )
             if discrete:  # Python ints, as LeanSyncVectorEnv.step sends them
                 env_actions = env_actions.tolist()
             next_obs = obs[j + 1] if obs_norm is None else raw

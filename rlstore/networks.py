@@ -163,12 +163,13 @@ class ActorCritic(nn.Module):
         path = SequentialRunner if fast else ModuleCalls
         self.actor_path, self.critic_path = path(self.actor), path(self.critic)
         self.act_on_host: HostActorCritic | None = None
-        if fast and hasattr(self.encoder, "host") and head is None:  # act() in numpy
+        if fast and hasattr(self.encoder, "host"):  # act() in numpy
             self.act_on_host = HostActorCritic(
                 self.actor_path,
                 self.critic_path,
                 self.actor_logstd if continuous else None,
                 self.encoder,
+                head,
             )
 
     def spec_args(self) -> dict:

@@ -181,6 +181,14 @@ RUNS = {
         "4096",
         "--sign-rewards",
     ],
+    # Dict observations, MultiDiscrete actions under masks (tests/space_envs.py)
+    "ppo-dict-multidiscrete-masked": [
+        "ppo",
+        "--env",
+        "tests.space_envs:MaskedPair-v0",
+        "--total-timesteps",
+        "4096",
+    ],
 }
 
 

@@ -615,6 +615,7 @@ print("dynamo imported:", "torch._dynamo" in sys.modules)
         ("Taxi-v4", False),  # under its action masks, from info["action_mask"]
         ("tests.space_envs:MethodMaskedBox-v0", False),  # masks from action_masks()
         ("Pendulum-v1", "sign"),  # rewards in (-16.3, 0] learnt by their sign
+        ("tests.space_envs:PickTwo-v0", False),  # MultiDiscrete actions from start [1, 0]
     ],
 )
 def test_lean_rollout_is_the_loops_steps(tmp_path, monkeypatch, general_steps, env_id, normalize):
