@@ -264,9 +264,10 @@ class HostActorCritic:
             ]
             action = np.stack([a for a, _ in sampled], -1)
             return action, np.add.reduce([lp for _, lp in sampled]), value
-        # BernoulliHead: a bit is 1 where its uniform is below its probability
-        action = (noise < 1 / (1 + np.exp(-out))).astype(np.int64)
+        # BernoulliHead: a bit is 1 where its uniform is below its probability (taken as
+        # exp(log-sigmoid): no overflow for large logits)
         log_one, log_zero = -np.logaddexp(0, -out), -np.logaddexp(0, out)
+        action = (noise < np.exp(log_one)).astype(np.int64)
         log_prob = np.where(action == 1, log_one, log_zero).sum(-1)
         return action, log_prob.astype(np.float32), value
 

@@ -187,13 +187,10 @@ class LeanRollout:
             mask = None if masks is None else masks.masks  # the current observations'
             action, log_prob, value = act.sample(obs[j], actor, critic, noise[j], mask)
             acted.append((action, log_prob, value))
-            env_actions = (
-                np.clip(action, space.low, space.high)
-                if box
-                else action
-                if head is None
-                else head.env_action(action)
-            )
+            if box:
+                env_actions = np.clip(action, space.low, space.high)
+            else:
+                env_actions = action if head is None else head.env_action(action)
             if discrete:  # Python ints, as LeanSyncVectorEnv.step sends them
                 env_actions = env_actions.tolist()
             next_obs = obs[j + 1] if obs_norm is None else raw
