@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from rlstore.action_heads import MASKED_LOGIT, masked_q
+from rlstore.action_heads import MASKED_LOGIT, MultiCategoricalHead, masked_q
 from rlstore.parts import as_tensors, first_part
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -223,7 +223,8 @@ class HostActorCritic:
         drawn at once, they are the numbers that one draw per step takes from numpy's
         global RNG, which leaves it in the same state."""
         if self.head is not None:
-            width = len(getattr(self.head, "nvec", ())) or self.head.out_dim
+            multi = isinstance(self.head, MultiCategoricalHead)
+            width = len(self.head.nvec) if multi else self.head.out_dim
             return np.random.random((steps, num_envs, width)).astype(np.float32)
         if self.log_std is None:
             return np.random.random((steps, num_envs, 1)).astype(np.float32)
@@ -254,7 +255,7 @@ class HostActorCritic:
             action = out + np.exp(log_std) * noise
             log_prob = (-0.5 * np.square(noise) - log_std - np.float32(LOG_SQRT_2PI)).sum(-1)
             return action, log_prob.astype(np.float32), value
-        if hasattr(head, "nvec"):  # MultiCategoricalHead: one categorical per entry
+        if isinstance(head, MultiCategoricalHead):  # one categorical per entry
             bounds = np.cumsum(head.nvec)[:-1]
             parts = np.split(out, bounds, axis=1)
             part_masks = [None] * len(parts) if masks is None else np.split(masks, bounds, 1)
